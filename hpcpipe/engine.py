@@ -1,0 +1,263 @@
+"""The MPI engine: runs a schedule to evaluate loss and gradient at n work items.
+
+One oracle call evaluates, for K samples and M microbatches (n = K·M work
+items, item i = (sample k = i // M, microbatch j = i % M)),
+
+    f_k = (1/m) Σ_{examples e} ℓ(h_Δ ∘ … ∘ h_1(x_e; θ + γ Z_k), y_e)
+
+and the gradient Σ_k ∇f_k (``reduce="sum"``) or (1/K) Σ_k ∇f_k
+(``reduce="mean"``, the PPRS estimate of ∇f_γ). Z_k is drawn by the owner
+of each parameter from the counter-based stream (seed, call, parameter, k),
+so the numbers do not depend on the partition. The variable θ is the input
+perturbation δ (owned by stage 0, shape (m, d_in)) or the weights (each stage
+owns its own).
+
+Each rank holds one stage. The engine walks the stage's action list; the
+only blocking points are waits on the receive of an action's input.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from . import rng, schedules
+from .clocks import CostModel, ModelClock, WallClock, align_wall_clocks
+from .layers import backward_layers, forward_layers
+from .model import VARIABLES, Batch, ModelSpec, Stage, microbatch_bounds, partition
+from .transport import BWD, FWD, Channel, Waiter
+
+# columns of the per-action event table of one call
+EV_WAIT, EV_READY, EV_END = 0, 1, 2
+
+
+@dataclass
+class OracleResult:
+    """What one call returns on every rank.
+
+    losses: f_k per sample (K,), identical on all ranks; item_losses (n,);
+    grad: this rank's part of the gradient (same layout as the point);
+    time: pipeline time of the call (max end − min start over ranks, on the
+    engine's clock).
+    """
+
+    losses: np.ndarray
+    item_losses: np.ndarray
+    grad: np.ndarray
+    time: float
+
+    @property
+    def loss(self) -> float:
+        """Mean over samples of f_k."""
+        return float(self.losses.mean())
+
+
+class Engine:
+    """One stage of a pipeline on one MPI rank, executing a schedule per call."""
+
+    def __init__(
+        self,
+        comm,
+        spec: ModelSpec,
+        batch: Batch,
+        variable: str = "input",
+        schedule: str | schedules.Schedule = "gpipe",
+        samples: int = 1,
+        microbatches: int = 1,
+        seed: int = 0,
+        clock: str = "wall",
+        costs: CostModel | None = None,
+        wait: str = "auto",
+        layer_time: float = 0.0,
+        spin: bool = False,
+    ):
+        if variable not in VARIABLES:
+            raise ValueError(f"variable {variable!r}: choose one of {', '.join(VARIABLES)}")
+        if samples < 1:
+            raise ValueError(f"samples (K) must be >= 1, got {samples}")
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.spec, self.batch, self.variable = spec, batch, variable
+        self.samples, self.microbatches, self.seed = samples, microbatches, seed
+        self.n_items = samples * microbatches
+        self.rows = microbatch_bounds(batch.m, microbatches)
+        lo, hi = partition(spec.depth, self.size)[self.rank]
+        self.stage = Stage(spec, lo, hi, self.rank, self.size)
+        if isinstance(schedule, str):
+            schedule = schedules.build(schedule, self.size, self.n_items)
+        if schedule.n_stages != self.size or schedule.n_items != self.n_items:
+            raise schedules.ScheduleError(
+                f"schedule is for {schedule.n_stages} stages x {schedule.n_items} items, "
+                f"engine has {self.size} ranks x {self.n_items} items"
+            )
+        schedule.validate()
+        self.schedule = schedule
+        self.actions = schedule.actions[self.rank]
+        self.layer_time = float(layer_time) * (hi - lo)
+        self.spin = spin
+        self.waiter = Waiter(wait, self.size)
+        if clock == "model":
+            self.clock = ModelClock.for_stage(costs or CostModel.uniform(spec.depth, 0.0), lo, hi)
+        elif clock == "wall":
+            self.clock = WallClock(
+                align_wall_clocks(comm) if self.size > 1 else time.perf_counter()
+            )
+        else:
+            raise ValueError(f"clock {clock!r}: choose wall or model")
+        self.events = np.zeros((len(self.actions), 3))
+        tub = comm.Get_attr(MPI.TAG_UB)
+        if tub is not None and 2 * self.n_items + 1 > tub:
+            raise ValueError(
+                f"{self.n_items} items need tags up to {2 * self.n_items + 1} > MPI_TAG_UB {tub}"
+            )
+        item_rows = [
+            self.rows[i % microbatches][1] - self.rows[i % microbatches][0]
+            for i in range(self.n_items)
+        ]
+        st = self.stage
+        self.recv_f = self.send_b = self.send_f = self.recv_b = None
+        if not st.is_first:
+            self.recv_f = Channel(comm, self.rank - 1, FWD, False, item_rows, st.n_in)
+            self.send_b = Channel(comm, self.rank - 1, BWD, True, item_rows, st.n_in)
+        if not st.is_last:
+            self.send_f = Channel(comm, self.rank + 1, FWD, True, item_rows, st.n_out)
+            self.recv_b = Channel(comm, self.rank + 1, BWD, False, item_rows, st.n_out)
+        self._recvs = [r for ch in (self.recv_f, self.recv_b) if ch for r in ch.requests]
+        self._sends = [r for ch in (self.send_f, self.send_b) if ch for r in ch.requests]
+        self.item_losses = np.zeros(self.n_items)
+        self._tbuf = np.zeros(2)
+        self.local_size = (
+            (batch.m * spec.d_in if st.is_first else 0) if variable == "input" else st.size
+        )
+
+    # ------------------------------------------------------------------
+    def initial_point(self) -> np.ndarray:
+        """This rank's part of θ₀: δ = 0 (input) or the initial weights."""
+        if self.variable == "input":
+            return np.zeros(self.local_size)
+        return self.stage.flat.copy()
+
+    def close(self) -> None:
+        for ch in (self.recv_f, self.send_b, self.send_f, self.recv_b):
+            if ch:
+                ch.free()
+
+    # ------------------------------------------------------------------
+    def _emulate(self) -> None:
+        if self.layer_time <= 0:
+            return
+        if self.spin:
+            end = time.perf_counter() + self.layer_time
+            while time.perf_counter() < end:
+                pass
+        else:
+            time.sleep(self.layer_time)
+
+    def evaluate(
+        self, point: np.ndarray, gamma: float = 0.0, call: int = 0, reduce: str = "mean"
+    ) -> OracleResult:
+        """Run one call of the schedule at ``point`` (this rank's part of θ)."""
+        if point.shape != (self.local_size,):
+            raise ValueError(
+                f"point has shape {point.shape}, this rank expects ({self.local_size},)"
+            )
+        if reduce not in ("mean", "sum"):
+            raise ValueError(f"reduce {reduce!r}: choose mean or sum")
+        st, M, m = self.stage, self.microbatches, self.batch.m
+        weights_var = self.variable == "weights"
+        input_var = self.variable == "input" and st.is_first
+        grad = np.zeros(self.local_size)
+        gviews = st.views(grad) if weights_var else None
+        base = st.views(point) if weights_var else st.views(st.flat)
+        delta = point.reshape(m, self.spec.d_in) if input_var else None
+        gdelta = grad.reshape(m, self.spec.d_in) if input_var else None
+        params: dict[int, list] = {}
+        inputs: dict[int, np.ndarray] = {}
+        left = {}
+        caches: dict[int, list] = {}
+        seeds: dict[int, np.ndarray] = {}
+        clock, ev, waiter = self.clock, self.events, self.waiter
+        self.item_losses[:] = 0.0
+        clock.reset()
+        MPI.Prequest.Startall(self._recvs)
+        t_first = clock.now()
+        for idx, a in enumerate(self.actions):
+            i = a.item
+            k, j = divmod(i, M)
+            r0, r1 = self.rows[j]
+            ev[idx, EV_WAIT] = clock.now()
+            if a.kind == "F":
+                if k not in params:
+                    if weights_var and gamma != 0.0:
+                        params[k] = st.views(st.perturbed(point, gamma, self.seed, call, k))
+                    else:
+                        params[k] = base
+                    left[k] = M
+                    if input_var:
+                        x0 = self.batch.x + delta
+                        if gamma != 0.0:
+                            x0 = x0 + gamma * rng.noise(
+                                self.seed, call, rng.INPUT_PARAM_ID, k, x0.shape
+                            )
+                        inputs[k] = x0
+                if st.is_first:
+                    x = inputs[k][r0:r1] if input_var else self.batch.x[r0:r1]
+                else:
+                    req = self.recv_f.requests[i]
+                    waiter.wait(req)
+                    clock.receive(self.recv_f.stamp(i), self.recv_f.nbytes(i))
+                    x = self.recv_f.payload(i)
+                ev[idx, EV_READY] = clock.now()
+                y, caches[i] = forward_layers(st.layers, x, params[k])
+                if st.is_last:
+                    loss, dz = st.head(y, self.batch.targets[r0:r1], 1.0 / m)
+                    self.item_losses[i] = loss
+                    seeds[i] = dz
+                self._emulate()
+                clock.compute("F")
+                t_end = clock.now()
+                if not st.is_last:
+                    ch = self.send_f
+                    ch.payload(i)[...] = y
+                    ch.slots[i][-1] = t_end
+                    ch.requests[i].Start()
+            else:
+                if st.is_last:
+                    dy = seeds.pop(i)
+                else:
+                    waiter.wait(self.recv_b.requests[i])
+                    clock.receive(self.recv_b.stamp(i), self.recv_b.nbytes(i))
+                    dy = self.recv_b.payload(i)
+                ev[idx, EV_READY] = clock.now()
+                dx = backward_layers(st.layers, dy, caches.pop(i), params[k], gviews)
+                if input_var:
+                    gdelta[r0:r1] += dx
+                self._emulate()
+                clock.compute("B")
+                t_end = clock.now()
+                if not st.is_first:
+                    ch = self.send_b
+                    ch.payload(i)[...] = dx
+                    ch.slots[i][-1] = t_end
+                    ch.requests[i].Start()
+                left[k] -= 1
+                if left[k] == 0:
+                    del params[k], left[k]
+                    inputs.pop(k, None)
+            ev[idx, EV_END] = t_end
+        waiter.waitall(self._sends)
+        if reduce == "mean":
+            grad /= self.samples
+        comm = self.comm
+        if self.size > 1:
+            comm.Bcast([self.item_losses, MPI.DOUBLE], root=self.size - 1)
+            self._tbuf[0], self._tbuf[1] = -t_first, ev[-1, EV_END] if len(ev) else t_first
+            comm.Allreduce(MPI.IN_PLACE, [self._tbuf, MPI.DOUBLE], op=MPI.MAX)
+            elapsed = self._tbuf[1] + self._tbuf[0]
+        else:
+            elapsed = (ev[-1, EV_END] if len(ev) else t_first) - t_first
+        losses = self.item_losses.reshape(self.samples, M).sum(axis=1)
+        return OracleResult(losses, self.item_losses.copy(), grad, float(elapsed))

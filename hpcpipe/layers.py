@@ -1,0 +1,166 @@
+"""Numpy layers with batched forward and backward passes (float64 by default).
+
+A layer maps a batch ``x`` of shape (rows, n_in) to (rows, n_out). Parameters
+are passed explicitly to ``forward`` so that a stage can evaluate the same
+layer at perturbed weights W + γZ (PPRS smoothing in weight space) without
+touching the base weights. ``backward`` returns dL/dx and *accumulates* the
+parameter gradients into caller-owned arrays, so gradients over many work
+items sum in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+Array = np.ndarray
+
+
+class Layer:
+    """Base class: a differentiable map (rows, n_in) -> (rows, n_out)."""
+
+    name = "layer"
+    n_in: int
+    n_out: int
+
+    def params(self) -> list[Array]:
+        """The layer's trainable parameters (the arrays themselves)."""
+        return []
+
+    def forward(self, x: Array, params: Sequence[Array]) -> tuple[Array, Any]:
+        """Return (y, cache); ``cache`` is what backward needs."""
+        raise NotImplementedError
+
+    def backward(
+        self, dy: Array, cache: Any, params: Sequence[Array], grads: Sequence[Array] | None
+    ) -> Array:
+        """Return dL/dx; add dL/dparams into ``grads`` when it is not None."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{self.name}({self.n_in}->{self.n_out})"
+
+
+class Dense(Layer):
+    """Affine map y = x W + b, W of shape (n_in, n_out).
+
+    dL/dW = xᵀ dy, dL/db = Σ_rows dy, dL/dx = dy Wᵀ.
+    """
+
+    name = "dense"
+
+    def __init__(self, weight: Array, bias: Array):
+        if weight.ndim != 2 or bias.shape != (weight.shape[1],):
+            raise ValueError(f"dense: weight {weight.shape} and bias {bias.shape} do not fit")
+        self.weight, self.bias = weight, bias
+        self.n_in, self.n_out = weight.shape
+
+    @classmethod
+    def init(cls, rng: np.random.Generator, n_in: int, n_out: int, dtype=np.float64) -> Dense:
+        """He initialisation: W ~ N(0, 2/n_in), b = 0.01 (keeps ReLUs alive)."""
+        w = rng.standard_normal((n_in, n_out)) * np.sqrt(2.0 / n_in)
+        b = np.full(n_out, 0.01)
+        return cls(w.astype(dtype), b.astype(dtype))
+
+    def params(self) -> list[Array]:
+        return [self.weight, self.bias]
+
+    def forward(self, x, params):
+        w, b = params
+        return x @ w + b, x
+
+    def backward(self, dy, cache, params, grads):
+        w, _ = params
+        if grads is not None:
+            gw, gb = grads
+            gw += cache.T @ dy
+            gb += dy.sum(axis=0)
+        return dy @ w.T
+
+
+class ReLU(Layer):
+    """y = max(x, 0); dL/dx = dy · 1[x > 0] (subgradient 0 at the kink)."""
+
+    name = "relu"
+
+    def __init__(self, n: int):
+        self.n_in = self.n_out = n
+
+    def forward(self, x, params):
+        mask = x > 0
+        return np.where(mask, x, 0.0), mask
+
+    def backward(self, dy, cache, params, grads):
+        return np.where(cache, dy, 0.0)
+
+
+class Orthogonal(Layer):
+    """A fixed orthogonal map y = x Q (QᵀQ = I): norm preserving, not trained.
+
+    Used by the convex chain problems: composing orthogonal layers keeps f
+    convex with the same Lipschitz constant and the same ‖θ₀ − θ*‖.
+    """
+
+    name = "orthogonal"
+
+    def __init__(self, q: Array):
+        if q.ndim != 2 or q.shape[0] != q.shape[1]:
+            raise ValueError(f"orthogonal: need a square matrix, got {q.shape}")
+        self.q = q
+        self.n_in = self.n_out = q.shape[0]
+
+    @classmethod
+    def init(cls, rng: np.random.Generator, n: int, dtype=np.float64) -> Orthogonal:
+        """Haar-random orthogonal matrix: QR of a Gaussian matrix with sign fix."""
+        a = rng.standard_normal((n, n))
+        q, r = np.linalg.qr(a)
+        q *= np.sign(np.diag(r))
+        return cls(q.astype(dtype))
+
+    def forward(self, x, params):
+        return x @ self.q, None
+
+    def backward(self, dy, cache, params, grads):
+        return dy @ self.q.T
+
+
+class Identity(Layer):
+    """y = x (flatten is the identity on the (rows, features) layout used here)."""
+
+    name = "identity"
+
+    def __init__(self, n: int):
+        self.n_in = self.n_out = n
+
+    def forward(self, x, params):
+        return x, None
+
+    def backward(self, dy, cache, params, grads):
+        return dy
+
+
+def forward_layers(
+    layers: Sequence[Layer], x: Array, params: Sequence[Sequence[Array]]
+) -> tuple[Array, list[Any]]:
+    """Run a list of layers; return the output and the per-layer caches."""
+    caches = []
+    for layer, p in zip(layers, params):
+        x, c = layer.forward(x, p)
+        caches.append(c)
+    return x, caches
+
+
+def backward_layers(
+    layers: Sequence[Layer],
+    dy: Array,
+    caches: Sequence[Any],
+    params: Sequence[Sequence[Array]],
+    grads: Sequence[Sequence[Array]] | None,
+) -> Array:
+    """Backpropagate through a list of layers (in reverse), accumulating grads."""
+    for idx in range(len(layers) - 1, -1, -1):
+        g = grads[idx] if grads is not None else None
+        dy = layers[idx].backward(dy, caches[idx], params[idx], g)
+    return dy

@@ -1,0 +1,123 @@
+"""Loss heads: per-example losses of the network output and their gradients.
+
+A head maps the output z (rows, c) and the targets of those rows to the *sum*
+of the per-example losses, weighted by ``weight`` (the engine passes 1/m so
+that a sample's loss is the mean over its m examples however they are split
+into microbatches), and returns dL/dz.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Array = np.ndarray
+
+
+class LossHead:
+    """Base class. ``targets`` is int labels (classification) or a float array."""
+
+    name = "loss"
+
+    def __call__(self, z: Array, targets: Array, weight: float) -> tuple[float, Array]:
+        raise NotImplementedError
+
+
+class SoftmaxCrossEntropy(LossHead):
+    """ℓ(z, y) = logsumexp(z) − z_y;  ∂ℓ/∂z = softmax(z) − e_y."""
+
+    name = "cross_entropy"
+
+    def __call__(self, z, targets, weight):
+        zmax = z.max(axis=1, keepdims=True)
+        e = np.exp(z - zmax)
+        s = e.sum(axis=1, keepdims=True)
+        rows = np.arange(z.shape[0])
+        loss = (np.log(s[:, 0]) + zmax[:, 0] - z[rows, targets]).sum()
+        dz = e / s
+        dz[rows, targets] -= 1.0
+        return weight * float(loss), weight * dz
+
+
+class Margin(LossHead):
+    """Carlini–Wagner margin ℓ(z, y) = max(z_y − max_{j≠y} z_j, −κ).
+
+    Minimising it pushes the true-class logit below the best other class
+    (an untargeted attack succeeds when ℓ < 0). Subgradient: e_y − e_{j*}
+    where the margin is above −κ, 0 where it is clipped.
+    """
+
+    name = "margin"
+
+    def __init__(self, kappa: float = np.inf):
+        self.kappa = kappa
+
+    def __call__(self, z, targets, weight):
+        rows = np.arange(z.shape[0])
+        zy = z[rows, targets]
+        other = z.copy()
+        other[rows, targets] = -np.inf
+        j = other.argmax(axis=1)
+        margin = zy - other[rows, j]
+        active = margin > -self.kappa
+        loss = np.where(active, margin, -self.kappa).sum()
+        dz = np.zeros_like(z)
+        dz[rows[active], targets[active]] = 1.0
+        dz[rows[active], j[active]] -= 1.0
+        return weight * float(loss), weight * dz
+
+
+class AbsResidual(LossHead):
+    """ℓ(z, b) = scale · ‖z − b‖₁, scale = 1/√c by default.
+
+    With scale 1/√c the head is 1-Lipschitz in ℓ2 (‖sign‖₂ = √c), which makes
+    the ``l1-chain`` problem L = 1. Subgradient: scale · sign(z − b).
+    """
+
+    name = "abs"
+
+    def __init__(self, scale: float | None = None):
+        self.scale = scale
+
+    def __call__(self, z, targets, weight):
+        scale = self.scale if self.scale is not None else 1.0 / np.sqrt(z.shape[1])
+        r = z - targets
+        return weight * scale * float(np.abs(r).sum()), (weight * scale) * np.sign(r)
+
+
+class SquaredResidual(LossHead):
+    """ℓ(z, b) = ½‖z − b‖²;  ∂ℓ/∂z = z − b (1-smooth)."""
+
+    name = "squared"
+
+    def __call__(self, z, targets, weight):
+        r = z - targets
+        return weight * 0.5 * float((r * r).sum()), weight * r
+
+
+class MaxHead(LossHead):
+    """ℓ(z) = max_j z_j (targets ignored); subgradient e_{argmax}."""
+
+    name = "max"
+
+    def __call__(self, z, targets, weight):
+        rows = np.arange(z.shape[0])
+        j = z.argmax(axis=1)
+        dz = np.zeros_like(z)
+        dz[rows, j] = weight
+        return weight * float(z[rows, j].sum()), dz
+
+
+HEADS = {
+    "cross_entropy": SoftmaxCrossEntropy,
+    "margin": Margin,
+    "abs": AbsResidual,
+    "squared": SquaredResidual,
+    "max": MaxHead,
+}
+
+
+def make_head(name: str, **kwargs) -> LossHead:
+    try:
+        return HEADS[name](**kwargs)
+    except KeyError:
+        raise ValueError(f"unknown loss head {name!r}: choose one of {', '.join(HEADS)}") from None

@@ -1,0 +1,239 @@
+"""Depth-Δ models split into contiguous stages, and the stage that owns a block.
+
+A model is Δ *blocks* (the paper's layers; a block is one or more primitive
+layers, e.g. dense + ReLU) followed by a loss head. Block b is built from its
+own random stream (``rng.init_generator(seed, b)``), so a rank can build only
+its own blocks and the numbers never depend on the partition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import rng
+from .layers import Dense, Layer, Orthogonal, ReLU
+from .losses import LossHead, make_head
+
+Array = np.ndarray
+
+VARIABLES = ("input", "weights")
+
+
+class PartitionError(ValueError):
+    """The depth does not fit the number of stages."""
+
+
+def partition(depth: int, n_stages: int) -> list[tuple[int, int]]:
+    """Split blocks 0..depth-1 into n_stages contiguous ranges [lo, hi).
+
+    Balanced: sizes differ by at most one, the larger ranges first (like
+    numpy.array_split).
+    """
+    if n_stages < 1:
+        raise PartitionError(f"number of stages must be >= 1, got {n_stages}")
+    if depth < n_stages:
+        raise PartitionError(
+            f"depth {depth} is smaller than the number of stages (MPI ranks) {n_stages}: "
+            f"every rank needs at least one layer; use at most {depth} ranks or depth >= {n_stages}"
+        )
+    q, r = divmod(depth, n_stages)
+    bounds, lo = [], 0
+    for s in range(n_stages):
+        hi = lo + q + (1 if s < r else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to build: the architecture, its sizes and its seed.
+
+    kind ``mlp``: block b is Dense(n_b -> n_{b+1}) followed by ReLU, except
+    the last block (no ReLU); n_0 = d_in, n_1..n_{Δ-1} = width, n_Δ = d_out.
+    kind ``orthogonal``: every block is a fixed Haar-random orthogonal map of
+    size d_in (= width = d_out); no trainable weights.
+    kind ``dense``: like ``mlp`` without ReLUs (a linear network).
+    """
+
+    kind: str
+    depth: int
+    d_in: int
+    d_out: int
+    width: int = 0
+    head: str = "squared"
+    head_args: dict = field(default_factory=dict)
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.kind not in ("mlp", "dense", "orthogonal"):
+            raise ValueError(f"model kind {self.kind!r}: choose mlp, dense or orthogonal")
+        if self.depth < 1:
+            raise ValueError(f"depth must be >= 1, got {self.depth}")
+        if self.kind == "orthogonal" and self.d_in != self.d_out:
+            raise ValueError("an orthogonal chain needs d_in == d_out")
+
+    def dims(self) -> list[int]:
+        """Feature sizes n_0..n_Δ between blocks."""
+        if self.kind == "orthogonal":
+            return [self.d_in] * (self.depth + 1)
+        w = self.width or self.d_in
+        return [self.d_in] + [w] * (self.depth - 1) + [self.d_out]
+
+    def block(self, b: int) -> list[Layer]:
+        """Build block b from its own random stream."""
+        g = rng.init_generator(self.seed, b)
+        n = self.dims()
+        if self.kind == "orthogonal":
+            return [Orthogonal.init(g, n[b])]
+        layers: list[Layer] = [Dense.init(g, n[b], n[b + 1])]
+        if self.kind == "mlp" and b < self.depth - 1:
+            layers.append(ReLU(n[b + 1]))
+        return layers
+
+    def block_size(self, b: int) -> int:
+        """Number of trainable parameters of block b (without building it)."""
+        if self.kind == "orthogonal":
+            return 0
+        n = self.dims()
+        return n[b] * n[b + 1] + n[b + 1]
+
+    def make_head(self) -> LossHead:
+        return make_head(self.head, **self.head_args)
+
+
+class Stage:
+    """Blocks [lo, hi) of a model: layers, parameters and their flat views.
+
+    ``flat`` is one contiguous float64 vector holding all the stage's trainable
+    parameters; each layer's parameters are views into it, so optimizers work
+    on flat local vectors and the engine evaluates at any point of the same
+    layout.
+    """
+
+    def __init__(self, spec: ModelSpec, lo: int, hi: int, index: int = 0, n_stages: int = 1):
+        self.spec, self.lo, self.hi = spec, lo, hi
+        self.index, self.n_stages = index, n_stages
+        self.layers: list[Layer] = []
+        self.param_ids: list[list[int]] = []
+        for b in range(lo, hi):
+            block = spec.block(b)
+            k = 0
+            for layer in block:
+                ids = []
+                for _ in layer.params():
+                    ids.append(rng.param_id(b, k))
+                    k += 1
+                self.layers.append(layer)
+                self.param_ids.append(ids)
+        self.shapes = [[p.shape for p in layer.params()] for layer in self.layers]
+        self.size = sum(int(np.prod(s)) for shapes in self.shapes for s in shapes)
+        self.flat = np.empty(self.size)
+        views = self.views(self.flat)
+        for layer, vs in zip(self.layers, views):
+            for p, v in zip(layer.params(), vs):
+                v[...] = p
+        self.head = spec.make_head() if self.is_last else None
+        self.n_in = spec.dims()[lo]
+        self.n_out = spec.dims()[hi]
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.n_stages - 1
+
+    def views(self, vec: Array) -> list[list[Array]]:
+        """Per-layer parameter views of a flat vector of this stage's layout."""
+        if vec.shape != (self.size,):
+            raise ValueError(f"stage vector has shape {vec.shape}, expected ({self.size},)")
+        out, off = [], 0
+        for shapes in self.shapes:
+            vs = []
+            for s in shapes:
+                n = int(np.prod(s))
+                vs.append(vec[off : off + n].reshape(s))
+                off += n
+            out.append(vs)
+        return out
+
+    def perturbed(self, point: Array, gamma: float, seed: int, call: int, sample: int) -> Array:
+        """point + γ·Z(seed, call, parameter, sample), parameter by parameter."""
+        if gamma == 0.0 or self.size == 0:
+            return point
+        out = np.empty_like(point)
+        ov, pv = self.views(out), self.views(point)
+        for ids, o_l, p_l in zip(self.param_ids, ov, pv):
+            for pid, o, p in zip(ids, o_l, p_l):
+                o[...] = p + gamma * rng.noise(seed, call, pid, sample, p.shape)
+        return out
+
+
+def stage_offsets(spec: ModelSpec, n_stages: int) -> list[int]:
+    """Offsets of each stage's flat weights in the global weight vector (n_stages + 1)."""
+    offs = [0]
+    for lo, hi in partition(spec.depth, n_stages):
+        offs.append(offs[-1] + sum(spec.block_size(b) for b in range(lo, hi)))
+    return offs
+
+
+def build_stages(spec: ModelSpec, n_stages: int) -> list[Stage]:
+    """All stages of a model (the single-process reference builds them all)."""
+    return [
+        Stage(spec, lo, hi, s, n_stages)
+        for s, (lo, hi) in enumerate(partition(spec.depth, n_stages))
+    ]
+
+
+@dataclass
+class Batch:
+    """m examples: inputs x (m, d_in) and targets (int labels (m,) or floats (m, d_out))."""
+
+    x: Array
+    targets: Array
+
+    @property
+    def m(self) -> int:
+        return self.x.shape[0]
+
+
+def microbatch_bounds(m: int, n_micro: int) -> list[tuple[int, int]]:
+    """Row ranges of n_micro contiguous microbatches of m examples (balanced)."""
+    if not 1 <= n_micro <= m:
+        raise ValueError(f"microbatches must be between 1 and m={m}, got {n_micro}")
+    q, r = divmod(m, n_micro)
+    out, lo = [], 0
+    for j in range(n_micro):
+        hi = lo + q + (1 if j < r else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def random_batch(spec: ModelSpec, m: int, seed: int = 0) -> Batch:
+    """Synthetic data for tests: Gaussian inputs; labels or float targets by head."""
+    g = rng.data_generator(seed)
+    x = g.standard_normal((m, spec.d_in))
+    if spec.head in ("cross_entropy", "margin"):
+        t = g.integers(0, spec.d_out, size=m)
+    else:
+        t = g.standard_normal((m, spec.d_out))
+    return Batch(x, t)
+
+
+__all__ = [
+    "Batch",
+    "ModelSpec",
+    "PartitionError",
+    "Stage",
+    "VARIABLES",
+    "build_stages",
+    "microbatch_bounds",
+    "partition",
+    "random_batch",
+    "stage_offsets",
+]

@@ -1,0 +1,113 @@
+"""The MPI engine equals the single-process reference (<= 1e-12 relative)."""
+
+import numpy as np
+import pytest
+from helpers import from_root, sub_comm
+from mpi4py import MPI
+
+from hpcpipe.engine import Engine
+from hpcpipe.model import ModelSpec, random_batch, stage_offsets
+from hpcpipe.reference import Reference
+
+SAMPLES, MICRO, M = 4, 2, 6  # n = 8 items, m = 6 examples, 3 per item
+SPECS = {
+    "mlp": ModelSpec("mlp", depth=8, d_in=5, d_out=4, width=7, head="cross_entropy", seed=11),
+    "orthogonal": ModelSpec("orthogonal", depth=8, d_in=6, d_out=6, head="abs", seed=12),
+}
+
+
+def local_part(spec, variable, point, comm):
+    if variable == "input":
+        return point.copy() if comm.rank == 0 else np.zeros(0)
+    offs = stage_offsets(spec, comm.size)
+    return point[offs[comm.rank] : offs[comm.rank + 1]].copy()
+
+
+def run_engine(comm, spec, batch, variable, schedule, point, gamma, call, reduce="mean"):
+    eng = Engine(
+        comm,
+        spec,
+        batch,
+        variable,
+        schedule,
+        samples=SAMPLES,
+        microbatches=MICRO,
+        seed=5,
+        wait="sleep",
+    )
+    try:
+        res = eng.evaluate(local_part(spec, variable, point, comm), gamma, call, reduce)
+    finally:
+        eng.close()
+    parts = comm.allgather(res.grad)
+    return res.losses, np.concatenate(parts)
+
+
+def rel(a, b):
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("P", [1, 2, 4])
+@pytest.mark.parametrize("schedule", ["sequential", "gpipe", "1f1b"])
+@pytest.mark.parametrize(
+    ("model", "variable"), [("mlp", "input"), ("mlp", "weights"), ("orthogonal", "input")]
+)
+def test_engine_equals_reference(P, schedule, variable, model):
+    """The orthogonal chain has no trainable weights, so only its input is a variable."""
+    spec = SPECS[model]
+    batch = random_batch(spec, M, seed=3)
+    ref = Reference(spec, batch, variable, seed=5)
+    point = ref.initial_point() + 0.1 * np.random.default_rng(1).standard_normal(ref.size)
+    gamma, call = 0.05, 7
+    ref_losses, ref_grad = ref.loss_and_grad(point, gamma, call, SAMPLES)
+    err = None
+    with sub_comm(P) as comm:
+        if comm != MPI.COMM_NULL:
+            losses, grad = run_engine(comm, spec, batch, variable, schedule, point, gamma, call)
+            err = (rel(losses, ref_losses), rel(grad, ref_grad), np.abs(ref_grad).max())
+    err_l, err_g, gmax = from_root(err)
+    assert gmax > 0  # the gradient is not trivially zero
+    assert err_l <= 1e-12, f"losses differ by {err_l:.3e}"
+    assert err_g <= 1e-12, f"gradients differ by {err_g:.3e}"
+
+
+@pytest.mark.mpi(min_size=4)
+def test_orthogonal_chain_has_no_weights():
+    assert Reference(SPECS["orthogonal"], random_batch(SPECS["orthogonal"], 2), "weights").size == 0
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("variable", ["input", "weights"])
+def test_depth8_on_4_ranks_equals_1_rank(variable):
+    """Δ = 8 split 2 layers per rank on P = 4 gives the numbers of P = 1."""
+    spec = SPECS["mlp"]
+    batch = random_batch(spec, M, seed=4)
+    ref = Reference(spec, batch, variable, seed=5)
+    point = ref.initial_point() + 0.05 * np.random.default_rng(2).standard_normal(ref.size)
+    out = {}
+    for P in (1, 4):
+        with sub_comm(P) as comm:
+            if comm != MPI.COMM_NULL:
+                out[P] = run_engine(comm, spec, batch, variable, "1f1b", point, 0.1, 3, "sum")
+    l1, g1 = from_root(out.get(1))
+    l4, g4 = from_root(out.get(4))
+    assert rel(l4, l1) <= 1e-12
+    assert rel(g4, g1) <= 1e-12
+    assert np.abs(g1).max() > 0
+
+
+@pytest.mark.mpi(min_size=4)
+def test_perturbation_changes_the_numbers():
+    """γ > 0 really perturbs: the K samples give K different losses."""
+    spec = SPECS["mlp"]
+    batch = random_batch(spec, M, seed=4)
+    with sub_comm(4) as comm:
+        res = None
+        if comm != MPI.COMM_NULL:
+            losses, _ = run_engine(
+                comm, spec, batch, "input", "gpipe", np.zeros(batch.m * spec.d_in), 0.5, 1
+            )
+            res = losses
+    losses = from_root(res)
+    assert len(set(np.round(losses, 12))) == SAMPLES

@@ -1,0 +1,133 @@
+"""Finite-difference checks of every layer, loss head and a depth-8 chain (float64)."""
+
+import numpy as np
+import pytest
+
+from hpcpipe.layers import Dense, Identity, Orthogonal, ReLU
+from hpcpipe.losses import HEADS, make_head
+from hpcpipe.model import ModelSpec, random_batch
+from hpcpipe.reference import Reference
+
+H = 1e-6
+TOL = 1e-6
+
+
+def fd_grad(f, x, h=H):
+    g = np.zeros_like(x)
+    flat, gf = x.reshape(-1), g.reshape(-1)
+    for i in range(flat.size):
+        old = flat[i]
+        flat[i] = old + h
+        fp = f()
+        flat[i] = old - h
+        fm = f()
+        flat[i] = old
+        gf[i] = (fp - fm) / (2 * h)
+    return g
+
+
+def rel_err(a, b):
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300)
+
+
+def make_layer(name, rng):
+    if name == "dense":
+        return Dense.init(rng, 4, 3)
+    if name == "relu":
+        return ReLU(4)
+    if name == "orthogonal":
+        return Orthogonal.init(rng, 4)
+    return Identity(4)
+
+
+@pytest.mark.parametrize("name", ["dense", "relu", "orthogonal", "identity"])
+def test_layer_gradients(name):
+    rng = np.random.default_rng(0)
+    layer = make_layer(name, rng)
+    x = rng.standard_normal((5, layer.n_in))
+    params = [p.copy() for p in layer.params()]
+    v = rng.standard_normal((5, layer.n_out))  # random projection: L = <v, y>
+
+    def loss():
+        return float((layer.forward(x, params)[0] * v).sum())
+
+    y, cache = layer.forward(x, params)
+    grads = [np.zeros_like(p) for p in params]
+    dx = layer.backward(v, cache, params, grads)
+    assert rel_err(dx, fd_grad(loss, x)) < TOL
+    for p, g in zip(params, grads):
+        assert rel_err(g, fd_grad(loss, p)) < TOL
+
+
+def test_dense_backward_accumulates():
+    rng = np.random.default_rng(1)
+    layer = Dense.init(rng, 3, 2)
+    x, dy = rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
+    grads = [np.ones((3, 2)), np.ones(2)]
+    layer.backward(dy, x, layer.params(), grads)
+    np.testing.assert_allclose(grads[0], 1 + x.T @ dy, rtol=1e-14)
+    np.testing.assert_allclose(grads[1], 1 + dy.sum(0), rtol=1e-14)
+
+
+def test_orthogonal_is_orthogonal():
+    q = Orthogonal.init(np.random.default_rng(2), 7).q
+    np.testing.assert_allclose(q.T @ q, np.eye(7), atol=1e-13)
+
+
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_loss_head_gradients(head):
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((6, 5))
+    if head in ("cross_entropy", "margin"):
+        t = rng.integers(0, 5, size=6)
+    else:
+        t = rng.standard_normal((6, 5))
+    h = make_head(head)
+    w = 1 / 6
+    loss, dz = h(z, t, w)
+    assert np.isfinite(loss)
+    assert rel_err(dz, fd_grad(lambda: h(z, t, w)[0], z)) < TOL
+
+
+def test_loss_head_values():
+    z = np.array([[1.0, 3.0, 2.0]])
+    assert make_head("max")(z, None, 1.0)[0] == 3.0
+    assert make_head("margin")(z, np.array([0]), 1.0)[0] == -2.0
+    assert make_head("margin", kappa=1.0)(z, np.array([0]), 1.0)[0] == -1.0
+    np.testing.assert_allclose(make_head("abs")(z, np.zeros((1, 3)), 1.0)[0], 6 / np.sqrt(3))
+    np.testing.assert_allclose(make_head("squared")(z, np.zeros((1, 3)), 1.0)[0], 7.0)
+    ce = make_head("cross_entropy")(z, np.array([1]), 1.0)[0]
+    np.testing.assert_allclose(ce, np.log(np.exp(z).sum()) - 3.0)
+
+
+CHAINS = {
+    "mlp": ModelSpec("mlp", depth=8, d_in=4, d_out=3, width=5, head="cross_entropy", seed=1),
+    "dense": ModelSpec("dense", depth=8, d_in=4, d_out=3, width=5, head="squared", seed=2),
+    "orthogonal": ModelSpec("orthogonal", depth=8, d_in=5, d_out=5, head="abs", seed=3),
+}
+
+
+@pytest.mark.parametrize(
+    ("model", "variable"),
+    [("mlp", "input"), ("mlp", "weights"), ("dense", "weights"), ("orthogonal", "input")],
+)
+def test_depth8_chain_gradient(model, variable):
+    spec = CHAINS[model]
+    batch = random_batch(spec, 3, seed=4)
+    ref = Reference(spec, batch, variable, seed=9)
+    point = ref.initial_point() + 0.1 * np.random.default_rng(5).standard_normal(ref.size)
+    # with smoothing on: the gradient of f at the perturbed points, same noise both sides
+    for gamma in (0.0, 0.05):
+        _, g = ref.loss_and_grad(point, gamma=gamma, call=2, samples=3)
+        fd = fd_grad(lambda g=gamma: ref.loss(point, gamma=g, call=2, samples=3), point)
+        assert np.linalg.norm(g) > 0
+        assert rel_err(g, fd) < TOL
+
+
+def test_sum_reduce_is_k_times_mean():
+    spec = CHAINS["mlp"]
+    ref = Reference(spec, random_batch(spec, 3), "input", seed=1)
+    p = ref.initial_point()
+    _, gm = ref.loss_and_grad(p, 0.1, 0, 4, "mean")
+    _, gs = ref.loss_and_grad(p, 0.1, 0, 4, "sum")
+    np.testing.assert_allclose(gs, 4 * gm, rtol=1e-14)
