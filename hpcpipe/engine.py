@@ -95,7 +95,7 @@ class Engine:
             )
         schedule.validate()
         self.schedule = schedule
-        self.actions = schedule.actions[self.rank]
+        self.codes: list[int] = schedule.codes[self.rank].tolist()
         self.layer_time = float(layer_time) * (hi - lo)
         self.spin = spin
         self.waiter = Waiter(wait, self.size)
@@ -107,7 +107,7 @@ class Engine:
             )
         else:
             raise ValueError(f"clock {clock!r}: choose wall or model")
-        self.events = np.zeros((len(self.actions), 3))
+        self.events = np.zeros((len(self.codes), 3))
         tub = comm.Get_attr(MPI.TAG_UB)
         if tub is not None and 2 * self.n_items + 1 > tub:
             raise ValueError(
@@ -184,12 +184,12 @@ class Engine:
         clock.reset()
         MPI.Prequest.Startall(self._recvs)
         t_first = clock.now()
-        for idx, a in enumerate(self.actions):
-            i = a.item
+        for idx, code in enumerate(self.codes):
+            i = code >> 1
             k, j = divmod(i, M)
             r0, r1 = self.rows[j]
             ev[idx, EV_WAIT] = clock.now()
-            if a.kind == "F":
+            if code & 1 == 0:  # forward of item i
                 if k not in params:
                     if weights_var and gamma != 0.0:
                         params[k] = st.views(st.perturbed(point, gamma, self.seed, call, k))
@@ -224,7 +224,7 @@ class Engine:
                     ch.payload(i)[...] = y
                     ch.slots[i][-1] = t_end
                     ch.requests[i].Start()
-            else:
+            else:  # backward of item i
                 if st.is_last:
                     dy = seeds.pop(i)
                 else:

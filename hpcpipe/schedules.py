@@ -7,6 +7,10 @@ and ``B(i)`` (backward of item i). Actions print like torch.distributed
 schedule, the simulator times it and the visualiser draws it; none of them
 contains schedule logic of its own.
 
+Storage is compact so that millions of actions stay cheap: each stage's list
+is an int64 array of codes ``2·item + kind`` (kind 0 = F, 1 = B);
+``Schedule.actions`` gives the same lists as ``Action`` objects.
+
 Data dependencies (the only ones a schedule may rely on):
 
 * ``sF(i)`` needs ``(s-1)F(i)`` for s > 0 (the activation of item i);
@@ -24,9 +28,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
 
 FORWARD = "F"
 BACKWARD = "B"
+KIND_CODE = {FORWARD: 0, BACKWARD: 1}
 
 
 class ScheduleError(ValueError):
@@ -44,6 +52,10 @@ class Action:
     def __str__(self) -> str:
         return f"{self.stage}{self.kind}{self.item}"
 
+    @property
+    def code(self) -> int:
+        return 2 * self.item + KIND_CODE[self.kind]
+
     @classmethod
     def parse(cls, text: str) -> Action:
         """Parse ``'2F0'`` into ``Action(2, 'F', 0)``."""
@@ -53,28 +65,34 @@ class Action:
         return cls(int(m.group(1)), m.group(2), int(m.group(3)))
 
 
-@dataclass(frozen=True)
-class Schedule:
-    """Per-stage ordered action lists for ``n_stages`` stages and ``n_items`` items."""
+def _action(stage: int, code: int) -> Action:
+    return Action(stage, BACKWARD if code & 1 else FORWARD, code >> 1)
 
-    name: str
-    n_stages: int
-    n_items: int
-    actions: tuple[tuple[Action, ...], ...]
+
+class Schedule:
+    """Per-stage ordered action codes for ``n_stages`` stages and ``n_items`` items."""
+
+    def __init__(self, name: str, n_stages: int, n_items: int, codes: Sequence[np.ndarray]):
+        self.name, self.n_stages, self.n_items = name, n_stages, n_items
+        self.codes = tuple(np.asarray(c, dtype=np.int64) for c in codes)
+        self.wrong_stage: list[tuple[int, Action]] = []
 
     @classmethod
     def from_lists(
         cls, name: str, n_items: int, lists: Sequence[Sequence[Action | str]]
     ) -> Schedule:
         """Build a schedule from per-stage lists of actions or action strings."""
-        acts = tuple(
-            tuple(a if isinstance(a, Action) else Action.parse(a) for a in stage_list)
-            for stage_list in lists
-        )
-        return cls(name, len(acts), n_items, acts)
+        acts = [[a if isinstance(a, Action) else Action.parse(a) for a in lst] for lst in lists]
+        sch = cls(name, len(acts), n_items, [[a.code for a in lst] for lst in acts])
+        sch.wrong_stage = [(s, a) for s, lst in enumerate(acts) for a in lst if a.stage != s]
+        return sch
+
+    @cached_property
+    def actions(self) -> tuple[tuple[Action, ...], ...]:
+        return tuple(tuple(_action(s, int(c)) for c in cs) for s, cs in enumerate(self.codes))
 
     def __len__(self) -> int:
-        return sum(len(a) for a in self.actions)
+        return sum(len(c) for c in self.codes)
 
     def validate(self) -> Schedule:
         """Raise ScheduleError naming the bad action; return self when valid."""
@@ -86,7 +104,7 @@ class Schedule:
 
 
 # --------------------------------------------------------------------------
-# builders
+# builders (vectorised: S = n = 1024 builds in milliseconds)
 
 
 def sequential(n_stages: int, n_items: int) -> Schedule:
@@ -97,45 +115,38 @@ def sequential(n_stages: int, n_items: int) -> Schedule:
     the items.
     """
     _check_sizes(n_stages, n_items)
-    lists = [
-        [a for i in range(n_items) for a in (Action(s, FORWARD, i), Action(s, BACKWARD, i))]
-        for s in range(n_stages)
-    ]
-    return Schedule("sequential", n_stages, n_items, tuple(tuple(x) for x in lists))
+    codes = np.arange(2 * n_items, dtype=np.int64)  # 2i (F i), 2i+1 (B i)
+    return Schedule("sequential", n_stages, n_items, [codes] * n_stages)
 
 
 def gpipe(n_stages: int, n_items: int) -> Schedule:
     """Fill-drain (the paper's "bubbling"): all forwards, then all backwards."""
     _check_sizes(n_stages, n_items)
-    lists = [
-        [Action(s, FORWARD, i) for i in range(n_items)]
-        + [Action(s, BACKWARD, i) for i in range(n_items)]
-        for s in range(n_stages)
-    ]
-    return Schedule("gpipe", n_stages, n_items, tuple(tuple(x) for x in lists))
+    i = np.arange(n_items, dtype=np.int64)
+    codes = np.concatenate([2 * i, 2 * i + 1])
+    return Schedule("gpipe", n_stages, n_items, [codes] * n_stages)
 
 
 def one_f_one_b(n_stages: int, n_items: int) -> Schedule:
-    """1F1B: stage s runs min(n, S-s-1) warm-up forwards, then alternates F/B.
+    """1F1B: stage s runs w = min(n, S-s-1) warm-up forwards, then alternates F/B.
 
-    At most S - s items are in flight (forwarded, not yet backwarded) on
-    stage s, so at most S on any stage: activation memory is bounded by the
-    depth instead of by n as in GPipe.
+    Order on stage s: F0..F(w-1), then F(w) B0 F(w+1) B1 ... until the
+    forwards run out, then the remaining backwards. At most S - s items are
+    in flight (forwarded, not yet backwarded) on stage s, so activation
+    memory is bounded by the depth instead of by n as in GPipe.
     """
     _check_sizes(n_stages, n_items)
     lists = []
     for s in range(n_stages):
-        warm = min(n_items, n_stages - s - 1)
-        acts = [Action(s, FORWARD, i) for i in range(warm)]
-        nf, nb = warm, 0
-        while nb < n_items:
-            if nf < n_items:
-                acts.append(Action(s, FORWARD, nf))
-                nf += 1
-            acts.append(Action(s, BACKWARD, nb))
-            nb += 1
-        lists.append(tuple(acts))
-    return Schedule("1f1b", n_stages, n_items, tuple(lists))
+        w = min(n_items, n_stages - s - 1)
+        steady = n_items - w
+        warm = 2 * np.arange(w, dtype=np.int64)
+        mid = np.empty(2 * steady, dtype=np.int64)
+        mid[0::2] = 2 * np.arange(w, n_items, dtype=np.int64)
+        mid[1::2] = 2 * np.arange(steady, dtype=np.int64) + 1
+        cool = 2 * np.arange(steady, n_items, dtype=np.int64) + 1
+        lists.append(np.concatenate([warm, mid, cool]))
+    return Schedule("1f1b", n_stages, n_items, lists)
 
 
 BUILDERS: dict[str, Callable[[int, int], Schedule]] = {
@@ -156,6 +167,10 @@ def build(name: str, n_stages: int, n_items: int) -> Schedule:
     return builder(n_stages, n_items)
 
 
+def names() -> Iterable[str]:
+    return BUILDERS.keys()
+
+
 def _check_sizes(n_stages: int, n_items: int) -> None:
     if n_stages < 1:
         raise ScheduleError(f"n_stages must be >= 1, got {n_stages}")
@@ -164,7 +179,7 @@ def _check_sizes(n_stages: int, n_items: int) -> None:
 
 
 # --------------------------------------------------------------------------
-# dependency order, validation and rendering
+# the dependency walk: one loop for deadlock detection and for timing
 
 
 def dependencies(a: Action, n_stages: int) -> tuple[Action, ...]:
@@ -174,43 +189,114 @@ def dependencies(a: Action, n_stages: int) -> tuple[Action, ...]:
     return (Action(a.stage + 1, BACKWARD, a.item),) if a.stage < n_stages - 1 else ()
 
 
+def walk(
+    schedule: Schedule,
+    t_forward: Sequence[float] | None = None,
+    t_backward: Sequence[float] | None = None,
+    message: Sequence[Sequence[float]] | None = None,
+    record: bool = False,
+):
+    """Run the schedule's dependency graph, timing it under a cost model.
+
+    Every stage advances until its next action waits for a message that has
+    not been produced; it is woken when that message's producer runs. With
+    per-stage costs t_F[s], t_B[s] and per-(boundary, item) message costs
+    c[s][i] (boundary s is between stages s and s+1), an action's times are
+    exactly those of the engine on the model clock:
+
+        ready = max(t_stage, end(dependency) + c),  end = ready + t_kind.
+
+    Returns (stage_end_times, ends) where ends[s] lists each action's end
+    time in list order; with ``record`` also (waits, readys). Raises
+    ScheduleError naming the blocked actions when the stages wedge. Linear
+    in the number of actions.
+    """
+    S, n = schedule.n_stages, schedule.n_items
+    tf = [0.0] * S if t_forward is None else [float(x) for x in t_forward]
+    tb = [0.0] * S if t_backward is None else [float(x) for x in t_backward]
+    zero = [0.0] * n
+    msg = [zero] * max(S - 1, 0) if message is None else [list(map(float, m)) for m in message]
+    lists = [c.tolist() for c in schedule.codes]
+    end_f: list[list] = [[None] * n for _ in range(S)]
+    end_b: list[list] = [[None] * n for _ in range(S)]
+    ends: list[list[float]] = [[] for _ in range(S)]
+    waits: list[list[float]] = [[] for _ in range(S)]
+    readys: list[list[float]] = [[] for _ in range(S)]
+    wait_f = [-1] * S  # item whose forward message stage s is waiting for
+    wait_b = [-1] * S
+    pos = [0] * S
+    clock = [0.0] * S
+    ready_stack = list(range(S - 1, -1, -1))
+    last = S - 1
+    while ready_stack:
+        s = ready_stack.pop()
+        codes, p, t = lists[s], pos[s], clock[s]
+        ef, eb, out = end_f[s], end_b[s], ends[s]
+        L = len(codes)
+        while p < L:
+            c = codes[p]
+            i = c >> 1
+            w = t
+            if c & 1 == 0:
+                if s > 0:
+                    e = end_f[s - 1][i]
+                    if e is None:
+                        wait_f[s] = i
+                        break
+                    e += msg[s - 1][i]
+                    if e > t:
+                        t = e
+                r = t
+                t += tf[s]
+                ef[i] = t
+                if s < last and wait_f[s + 1] == i:
+                    wait_f[s + 1] = -1
+                    ready_stack.append(s + 1)
+            else:
+                if s < last:
+                    e = end_b[s + 1][i]
+                    if e is None:
+                        wait_b[s] = i
+                        break
+                    e += msg[s][i]
+                    if e > t:
+                        t = e
+                r = t
+                t += tb[s]
+                eb[i] = t
+                if s > 0 and wait_b[s - 1] == i:
+                    wait_b[s - 1] = -1
+                    ready_stack.append(s - 1)
+            out.append(t)
+            if record:
+                waits[s].append(w)
+                readys[s].append(r)
+            p += 1
+        pos[s], clock[s] = p, t
+    if any(pos[s] < len(lists[s]) for s in range(S)):
+        blocked = []
+        for s in range(S):
+            if pos[s] < len(lists[s]):
+                a = _action(s, lists[s][pos[s]])
+                deps = ", ".join(str(d) for d in dependencies(a, S))
+                blocked.append(f"stage {s} waits at {a} for {deps}")
+        raise ScheduleError("schedule deadlocks: " + "; ".join(blocked))
+    if record:
+        return clock, ends, waits, readys
+    return clock, ends
+
+
 def execution_order(schedule: Schedule) -> list[Action]:
     """A global order in which every action's inputs are ready (a topological order).
 
-    Each stage advances until its next action waits for a message that has
-    not been produced; that stage is woken when the message's producer runs.
-    Linear in the number of actions. Raises ScheduleError naming the blocked
-    actions if the stages wedge (deadlock).
+    Under unit costs and no messages, sorting all actions by end time (ties by
+    stage) respects every dependency, since a dependency ends strictly earlier.
     """
     S = schedule.n_stages
-    pos = [0] * S
-    done: set[Action] = set()
-    waiter: dict[Action, int] = {}
-    order: list[Action] = []
-    ready = list(range(S))
-    while ready:
-        s = ready.pop()
-        lst = schedule.actions[s]
-        while pos[s] < len(lst):
-            a = lst[pos[s]]
-            missing = [d for d in dependencies(a, S) if d not in done]
-            if missing:
-                waiter[missing[0]] = s
-                break
-            done.add(a)
-            order.append(a)
-            pos[s] += 1
-            if a in waiter:
-                ready.append(waiter.pop(a))
-    if len(order) < len(schedule):
-        blocked = [
-            f"stage {s} waits at {schedule.actions[s][pos[s]]} for "
-            + ", ".join(str(d) for d in dependencies(schedule.actions[s][pos[s]], S))
-            for s in range(S)
-            if pos[s] < len(schedule.actions[s])
-        ]
-        raise ScheduleError("schedule deadlocks: " + "; ".join(blocked))
-    return order
+    _, ends = walk(schedule, [1.0] * S, [1.0] * S)
+    acts = [(ends[s][p], s, p) for s in range(S) for p in range(len(ends[s]))]
+    acts.sort()
+    return [schedule.actions[s][p] for _, s, p in acts]
 
 
 def validate(schedule: Schedule) -> None:
@@ -218,57 +304,51 @@ def validate(schedule: Schedule) -> None:
     S, n = schedule.n_stages, schedule.n_items
     if S < 1 or n < 1:
         raise ScheduleError(f"schedule needs >= 1 stage and item, got {S} stages, {n} items")
-    if len(schedule.actions) != S:
-        raise ScheduleError(f"schedule has {len(schedule.actions)} stage lists for {S} stages")
-    for s, lst in enumerate(schedule.actions):
-        seen: set[Action] = set()
-        for a in lst:
-            if a.stage != s:
-                raise ScheduleError(f"action {a} is in the list of stage {s}")
-            if a.kind not in (FORWARD, BACKWARD):
-                raise ScheduleError(f"action {a} has kind {a.kind!r}, not F or B")
-            if not 0 <= a.item < n:
-                raise ScheduleError(f"action {a} names item {a.item}, outside 0..{n - 1}")
-            if a in seen:
-                raise ScheduleError(f"action {a} appears twice on stage {s}")
-            if a.kind == BACKWARD and Action(s, FORWARD, a.item) not in seen:
-                raise ScheduleError(
-                    f"action {a} comes before its forward {Action(s, FORWARD, a.item)} on stage {s}"
-                )
-            seen.add(a)
-        for i in range(n):
-            for kind in (FORWARD, BACKWARD):
-                if Action(s, kind, i) not in seen:
-                    raise ScheduleError(f"missing action {Action(s, kind, i)} on stage {s}")
-    execution_order(schedule)
+    if len(schedule.codes) != S:
+        raise ScheduleError(f"schedule has {len(schedule.codes)} stage lists for {S} stages")
+    if schedule.wrong_stage:
+        s, a = schedule.wrong_stage[0]
+        raise ScheduleError(f"action {a} is in the list of stage {s}")
+    for s, codes in enumerate(schedule.codes):
+        bad = np.flatnonzero((codes < 0) | (codes >= 2 * n))
+        if bad.size:
+            a = _action(s, int(codes[bad[0]]))
+            raise ScheduleError(f"action {a} names item {a.item}, outside 0..{n - 1}")
+        counts = np.bincount(codes, minlength=2 * n)
+        dup = np.flatnonzero(counts > 1)
+        if dup.size:
+            raise ScheduleError(f"action {_action(s, int(dup[0]))} appears twice on stage {s}")
+        where = np.full(2 * n, -1, dtype=np.int64)
+        where[codes] = np.arange(len(codes))
+        pf, pb = where[0::2], where[1::2]
+        early = np.flatnonzero((pb >= 0) & (pf >= 0) & (pb < pf))
+        orphan = np.flatnonzero((pb >= 0) & (pf < 0))
+        first = [int(x) for x in (early[:1].tolist() + orphan[:1].tolist())]
+        if first:
+            i = min(first, key=lambda x: pb[x])
+            raise ScheduleError(f"action {s}B{i} comes before its forward {s}F{i} on stage {s}")
+        missing = np.flatnonzero(counts == 0)
+        if missing.size:
+            raise ScheduleError(f"missing action {_action(s, int(missing[0]))} on stage {s}")
+    walk(schedule)
 
 
 def render(schedule: Schedule, actions_per_line: int | None = None) -> str:
     """The per-stage action table, one row per stage, like torch's pipeline printer."""
-    width = max((len(str(a)) for lst in schedule.actions for a in lst), default=3)
+    acts = schedule.actions
+    width = max((len(str(a)) for lst in acts for a in lst), default=3)
     rows = [
         f"{schedule.name}: {schedule.n_stages} stages, {schedule.n_items} items, "
         f"{len(schedule)} actions"
     ]
-    for s, lst in enumerate(schedule.actions):
+    for s, lst in enumerate(acts):
         cells = [str(a).rjust(width) for a in lst]
-        if actions_per_line:
-            cells = cells[:actions_per_line] + (["..."] if len(cells) > actions_per_line else [])
+        if actions_per_line and len(cells) > actions_per_line:
+            cells = cells[:actions_per_line] + ["..."]
         rows.append(f"stage {s:>3} | " + " ".join(cells))
     return "\n".join(rows)
 
 
 def max_in_flight(schedule: Schedule) -> list[int]:
     """Largest number of items forwarded but not yet backwarded, per stage."""
-    out = []
-    for lst in schedule.actions:
-        cur = peak = 0
-        for a in lst:
-            cur += 1 if a.kind == FORWARD else -1
-            peak = max(peak, cur)
-        out.append(peak)
-    return out
-
-
-def names() -> Iterable[str]:
-    return BUILDERS.keys()
+    return [int(np.max(np.cumsum(1 - 2 * (c & 1)), initial=0)) for c in schedule.codes]
