@@ -35,6 +35,127 @@ def cmd_info(args) -> int:
     return 0
 
 
+INSIDE = "HPCPIPE_INSIDE_MPI"
+
+
+def _overrides(extra: list[str]) -> list[str]:
+    """``--key value`` / ``--key=value`` / ``key=value`` words into ``key=value`` items."""
+    out, i = [], 0
+    while i < len(extra):
+        w = extra[i]
+        if w.startswith("--"):
+            w = w[2:]
+            if "=" not in w:
+                if i + 1 >= len(extra):
+                    raise SystemExit(f"hpcpipe: option --{w} needs a value")
+                w = f"{w}={extra[i + 1]}"
+                i += 1
+        out.append(w)
+        i += 1
+    return out
+
+
+def _relaunch(np_: int, argv: list[str]) -> int:
+    """Run this command again under ``mpiexec -n np`` and return its exit code."""
+    import os
+    import subprocess
+
+    from .launch import LauncherError, mpiexec_command
+
+    try:
+        cmd = mpiexec_command(np_, ["-m", "hpcpipe", *argv])
+    except LauncherError as e:
+        print(f"hpcpipe: {e}", file=sys.stderr)
+        return 2
+    env = dict(os.environ, **{INSIDE: "1"})
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    return subprocess.call(cmd, env=env)
+
+
+def _under_mpi(func) -> int:
+    """Run ``func(comm)`` on every rank; an exception on any rank aborts the job."""
+    import traceback
+
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    try:
+        return func(comm)
+    except BaseException as e:  # noqa: BLE001 - any failure must bring the job down
+        if isinstance(e, SystemExit) and not e.code:
+            raise
+        tb = traceback.format_exc()
+        sys.stderr.write(f"hpcpipe: rank {comm.rank} of {comm.size} failed: {e!r}\n{tb}")
+        sys.stderr.flush()
+        if comm.size > 1:
+            comm.Abort(1)
+        return 1
+
+
+def _strip_np(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for i, w in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if w == "--np":
+            skip = True
+            continue
+        if w.startswith("--np="):
+            continue
+        out.append(w)
+        del i
+    return out
+
+
+def cmd_run(args, extra: list[str], argv: list[str]) -> int:
+    import os
+
+    from .config import ConfigError, load, validate
+
+    try:
+        cfg = load(args.config, _overrides(extra))
+        if args.np:
+            validate(cfg, args.np)
+    except ConfigError as e:
+        print(f"hpcpipe: config error: {e}", file=sys.stderr)
+        return 2
+    if args.np and not os.environ.get(INSIDE):
+        return _relaunch(args.np, _strip_np(argv))
+
+    def body(comm):
+        from .report import print_run
+        from .runner import run
+
+        try:
+            validate(cfg, comm.size)
+        except ConfigError as e:
+            if comm.rank == 0:
+                print(f"hpcpipe: config error: {e}", file=sys.stderr)
+            return 2
+        res = run(cfg, comm)
+        if comm.rank == 0:
+            print_run(res, every=args.every)
+        return 0
+
+    return _under_mpi(body)
+
+
+def cmd_demo(args, extra: list[str], argv: list[str]) -> int:
+    import os
+
+    if not os.environ.get(INSIDE):
+        return _relaunch(args.np, _strip_np(argv))
+
+    def body(comm):
+        from .demo import demo
+
+        return demo(comm, budget=args.budget)
+
+    return _under_mpi(body)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcpipe", description=__doc__)
     p.add_argument("--version", action="version", version=f"hpcpipe {__version__}")
@@ -47,13 +168,29 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--width", type=int, default=None, help="at most this many actions per row")
     s.set_defaults(func=cmd_schedule)
 
+    s = sub.add_parser("run", help="one optimisation run (under mpiexec, or --np P to launch)")
+    s.add_argument("--config", help="TOML file of settings (see README); --key value overrides")
+    s.add_argument("--np", type=int, default=0, help="launch itself under mpiexec -n NP")
+    s.add_argument("--every", type=int, default=0, help="print every N-th iteration row")
+    s.set_defaults(func=cmd_run, takes_extra=True)
+
+    s = sub.add_parser("demo", help="GD vs AGD vs PPRS on the digits attack, 4 local ranks")
+    s.add_argument("--np", type=int, default=4, help="number of ranks (default 4)")
+    s.add_argument("--budget", type=float, default=0.0, help="pipeline time budget in tau")
+    s.set_defaults(func=cmd_demo, takes_extra=True)
+
     s = sub.add_parser("info", help="versions of hpcpipe, numpy, mpi4py, h5py and the MPI library")
     s.set_defaults(func=cmd_info)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = build_parser().parse_known_args(argv)
+    if getattr(args, "takes_extra", False):
+        return args.func(args, extra, argv)
+    if extra:
+        raise SystemExit(f"hpcpipe {args.command}: unrecognised arguments {' '.join(extra)}")
     return args.func(args)
 
 

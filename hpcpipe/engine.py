@@ -27,7 +27,15 @@ from mpi4py import MPI
 from . import rng, schedules
 from .clocks import CostModel, ModelClock, WallClock, align_wall_clocks
 from .layers import backward_layers, forward_layers
-from .model import VARIABLES, Batch, ModelSpec, Stage, microbatch_bounds, partition
+from .model import (
+    VARIABLES,
+    Batch,
+    ModelSpec,
+    Stage,
+    microbatch_bounds,
+    partition,
+    stage_offsets,
+)
 from .transport import BWD, FWD, Channel, Waiter
 
 # columns of the per-action event table of one call
@@ -73,6 +81,7 @@ class Engine:
         wait: str = "auto",
         layer_time: float = 0.0,
         spin: bool = False,
+        weights: np.ndarray | None = None,
     ):
         if variable not in VARIABLES:
             raise ValueError(f"variable {variable!r}: choose one of {', '.join(VARIABLES)}")
@@ -86,6 +95,9 @@ class Engine:
         self.rows = microbatch_bounds(batch.m, microbatches)
         lo, hi = partition(spec.depth, self.size)[self.rank]
         self.stage = Stage(spec, lo, hi, self.rank, self.size)
+        if weights is not None:  # e.g. a trained classifier replacing the seeded init
+            offs = stage_offsets(spec, self.size)
+            self.stage.flat[:] = weights[offs[self.rank] : offs[self.rank + 1]]
         if isinstance(schedule, str):
             schedule = schedules.build(schedule, self.size, self.n_items)
         if schedule.n_stages != self.size or schedule.n_items != self.n_items:

@@ -85,13 +85,20 @@ class AbsResidual(LossHead):
 
 
 class SquaredResidual(LossHead):
-    """ℓ(z, b) = ½‖z − b‖²;  ∂ℓ/∂z = z − b (1-smooth)."""
+    """ℓ(z, b) = ½ Σ_j λ_j (z_j − b_j)²;  ∂ℓ/∂z = λ ⊙ (z − b); β-smooth with β = max λ.
+
+    ``lambdas`` defaults to all ones (plain ½‖z − b‖², 1-smooth).
+    """
 
     name = "squared"
 
+    def __init__(self, lambdas=None):
+        self.lambdas = None if lambdas is None else np.asarray(lambdas, dtype=float)
+
     def __call__(self, z, targets, weight):
         r = z - targets
-        return weight * 0.5 * float((r * r).sum()), weight * r
+        lr = r if self.lambdas is None else self.lambdas * r
+        return weight * 0.5 * float((r * lr).sum()), weight * lr
 
 
 class MaxHead(LossHead):
@@ -107,12 +114,43 @@ class MaxHead(LossHead):
         return weight * float(z[rows, j].sum()), dz
 
 
+class TridiagQuadratic(LossHead):
+    """Nesterov's worst-case smooth convex quadratic (Nesterov 2004, §2.1.2).
+
+    ℓ(z) = (β/8)·(z₁² + Σ_{i<c} (z_i − z_{i+1})² + z_c²) − (β/4)·z₁ = ½ zᵀAz − bᵀz
+    with A = (β/4)·tridiag(−1, 2, −1) (so ‖A‖ ≤ β) and b = (β/4)e₁. Minimiser
+    z*_i = 1 − i/(c+1), minimum f* = (β/8)(−1 + 1/(c+1)). Targets ignored.
+    """
+
+    name = "tridiag"
+
+    def __init__(self, beta: float = 1.0):
+        self.beta = float(beta)
+
+    def __call__(self, z, targets, weight):
+        q = self.beta / 4.0
+        az = 2.0 * z
+        az[:, 1:] -= z[:, :-1]
+        az[:, :-1] -= z[:, 1:]
+        grad = q * az
+        grad[:, 0] -= q
+        loss = 0.5 * float((z * (q * az)).sum()) - q * float(z[:, 0].sum())
+        return weight * loss, weight * grad
+
+    def minimiser(self, c: int) -> np.ndarray:
+        return 1.0 - np.arange(1, c + 1) / (c + 1)
+
+    def minimum(self, c: int) -> float:
+        return self.beta / 8.0 * (-1.0 + 1.0 / (c + 1))
+
+
 HEADS = {
     "cross_entropy": SoftmaxCrossEntropy,
     "margin": Margin,
     "abs": AbsResidual,
     "squared": SquaredResidual,
     "max": MaxHead,
+    "tridiag": TridiagQuadratic,
 }
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 from . import schedules
 from .clocks import CostModel
 from .model import partition

@@ -1,0 +1,216 @@
+"""Run configuration: defaults, TOML loading, ``--key value`` overrides, validation.
+
+Every check runs before any MPI work starts; a bad value raises ConfigError
+naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .optim import METHODS
+from .problems import PROBLEMS
+from .schedules import BUILDERS
+from .transport import WAIT_POLICIES
+
+
+class ConfigError(ValueError):
+    """A configuration that makes no sense; the message names the field and the fix."""
+
+
+@dataclass
+class RunConfig:
+    problem: str = "l1-chain"
+    depth: int = 4
+    width: int = 32  # hidden width of the digits MLP
+    dim: int = 16  # dimension d of the convex chains
+    m: int = 1  # examples per oracle call (images for the attack)
+    microbatches: int = 0  # 0: one example per work item (M = m)
+    schedule: str = "gpipe"
+    optimizer: str = "pprs"
+    mode: str = "practical"  # or "theory": lr, iterations, gamma, samples from epsilon
+    lr: float = 1e-2
+    momentum: str = "nesterov"  # or a number in [0, 1)
+    gamma: float = 0.0
+    samples: int = 1
+    epsilon: float = 0.0
+    iterations: int = 100
+    time_budget: float = 0.0  # stop when the pipeline (model) time reaches it; 0: off
+    seed: int = 0
+    radius: float = 0.1  # attack: l-infinity radius
+    clock: str = "model"
+    t_forward: float = 1.0  # model cost of one layer's forward, in tau units
+    t_backward: float = 1.0
+    alpha: float = 0.0
+    beta: float = 0.0
+    layer_time: float = 0.0  # emulated compute per layer and action, seconds
+    wait: str = "auto"
+    eval_every: int = 1
+    diverge_factor: float = 1e3
+    output: str = ""
+    progress: str = "auto"  # auto | bar | lines | off
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @property
+    def n_micro(self) -> int:
+        return self.microbatches or self.m
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+CHOICES = {
+    "problem": PROBLEMS,
+    "schedule": tuple(BUILDERS),
+    "optimizer": METHODS,
+    "mode": ("practical", "theory"),
+    "clock": ("model", "wall"),
+    "wait": WAIT_POLICIES,
+    "progress": ("auto", "bar", "lines", "off"),
+}
+
+
+def _coerce(name: str, value):
+    f = FIELDS[name]
+    typ = f.type if isinstance(f.type, type) else {"int": int, "float": float, "str": str}[f.type]
+    if typ is int:
+        if isinstance(value, bool) or not (
+            isinstance(value, int) or (isinstance(value, str) and value.lstrip("-").isdigit())
+        ):
+            raise ConfigError(f"{name}: expected an integer, got {value!r}")
+        return int(value)
+    if typ is float:
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a string, got {value!r}")
+    return str(value)
+
+
+def _unknown(name: str) -> ConfigError:
+    close = difflib.get_close_matches(name, FIELDS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"unknown key {name!r}{hint}; known keys: {', '.join(FIELDS)}")
+
+
+def make_config(values: dict) -> RunConfig:
+    """RunConfig from a dict of settings, type-checked and validated."""
+    kw = {}
+    for k, v in values.items():
+        key = k.replace("-", "_")
+        if key not in FIELDS:
+            raise _unknown(k)
+        kw[key] = _coerce(key, v)
+    cfg = RunConfig(**kw)
+    validate(cfg)
+    return cfg
+
+
+def load(path: str | None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a TOML file (flat keys, or a [run] table) and apply ``key=value`` overrides."""
+    values: dict = {}
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {path!r} does not exist or is not a file")
+        try:
+            data = tomllib.loads(p.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"config file {path!r} is not valid TOML: {e}") from None
+        values.update(data.get("run", data))
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: write key=value")
+        k, v = item.split("=", 1)
+        values[k.strip()] = v.strip()
+    return make_config(values)
+
+
+def _need(cond: bool, field: str, value, allowed: str) -> None:
+    if not cond:
+        raise ConfigError(f"{field} = {value!r} is not allowed: {allowed}")
+
+
+def validate(cfg: RunConfig, n_ranks: int | None = None) -> None:
+    """All checks that can be made before any rank starts work."""
+    for name, options in CHOICES.items():
+        v = getattr(cfg, name)
+        _need(v in options, name, v, f"choose one of {', '.join(options)}")
+    for name in ("depth", "samples", "iterations", "m"):
+        _need(getattr(cfg, name) >= 1, name, getattr(cfg, name), "must be >= 1")
+    _need(cfg.dim >= 1, "dim", cfg.dim, "must be >= 1")
+    _need(cfg.width >= 1, "width", cfg.width, "must be >= 1")
+    _need(
+        0 <= cfg.microbatches <= cfg.m,
+        "microbatches",
+        cfg.microbatches,
+        f"between 1 and m = {cfg.m} (0 means m)",
+    )
+    for name in ("lr", "t_forward", "t_backward", "diverge_factor"):
+        v = getattr(cfg, name)
+        _need(math.isfinite(v) and v > 0, name, v, "must be a finite number > 0")
+    for name in ("gamma", "epsilon", "time_budget", "alpha", "beta", "layer_time", "radius"):
+        v = getattr(cfg, name)
+        _need(math.isfinite(v) and v >= 0, name, v, "must be a finite number >= 0")
+    _need(cfg.eval_every >= 0, "eval_every", cfg.eval_every, "must be >= 0 (0: never)")
+    if cfg.momentum != "nesterov":
+        try:
+            mu = float(cfg.momentum)
+        except ValueError:
+            mu = -1.0
+        _need(0 <= mu < 1, "momentum", cfg.momentum, "'nesterov' or a number in [0, 1)")
+    if cfg.optimizer != "pprs":
+        _need(
+            cfg.samples == 1,
+            "samples",
+            cfg.samples,
+            f"{cfg.optimizer} uses one sample; use optimizer = 'pprs' for K > 1",
+        )
+        _need(
+            cfg.gamma == 0,
+            "gamma",
+            cfg.gamma,
+            f"{cfg.optimizer} does no smoothing; use optimizer = 'pprs'",
+        )
+    if cfg.problem in ("l1-chain", "max-chain", "quad-chain"):
+        _need(cfg.m == 1, "m", cfg.m, f"{cfg.problem} has one example (m = 1)")
+    if cfg.problem == "fewshot":
+        _need(cfg.m <= 20, "m", cfg.m, "fewshot trains on at most 20 examples")
+    if cfg.problem == "attack":
+        _need(cfg.m <= 10, "m", cfg.m, "the attack uses between 1 and 10 images")
+        _need(cfg.radius > 0, "radius", cfg.radius, "the attack needs a radius > 0")
+    if cfg.mode == "theory":
+        _need(cfg.epsilon > 0, "epsilon", cfg.epsilon, "theory mode needs a target epsilon > 0")
+        _need(
+            cfg.problem in ("l1-chain", "max-chain", "quad-chain"),
+            "problem",
+            cfg.problem,
+            "theory mode needs a problem with known L or beta and R (the chains)",
+        )
+    if n_ranks is not None:
+        _need(
+            cfg.depth >= n_ranks,
+            "depth",
+            cfg.depth,
+            f"depth must be >= the number of ranks ({n_ranks}): every rank owns a layer",
+        )
+    if cfg.output and Path(cfg.output).exists():
+        raise ConfigError(
+            f"output = {cfg.output!r} exists already: choose another path or "
+            "delete it (results are never overwritten)"
+        )

@@ -1,0 +1,77 @@
+"""The command line: demo, run (self-launching), config errors."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hpcpipe.cli import _overrides
+from hpcpipe.config import ConfigError, load
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+
+def hpcpipe(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "hpcpipe", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
+
+
+def test_demo_prints_its_table():
+    p = hpcpipe("demo")
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.strip().startswith("method"))
+    rows = [line.split() for line in lines[head + 2 : head + 5]]
+    assert [r[0] for r in rows] == ["GD", "AGD", "PPRS"]
+    for r in rows:
+        assert r[-1] == "complete"
+        assert 0.0 <= float(r[-5]) <= 1.0  # attack success rate
+    budgets = {float(r[-3]) for r in rows}
+    assert len(budgets) == 1  # the same pipeline time for every method
+
+
+def test_run_self_launches_on_two_ranks():
+    p = hpcpipe(
+        "run",
+        "--np",
+        "2",
+        "--problem",
+        "l1-chain",
+        "--depth",
+        "2",
+        "--optimizer",
+        "gd",
+        "--lr",
+        "0.05",
+        "--iterations",
+        "5",
+        "--progress",
+        "off",
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "status complete" in p.stdout
+    assert p.stdout.count("\n") >= 8
+
+
+def test_config_error_exits_2_before_launch():
+    p = hpcpipe("run", "--np", "4", "--depth", "2")
+    assert p.returncode == 2
+    assert "depth = 2 is not allowed" in p.stderr and "number of ranks (4)" in p.stderr
+
+
+def test_overrides_and_did_you_mean(tmp_path):
+    assert _overrides(["--lr", "0.1", "--depth=3", "seed=4"]) == ["lr=0.1", "depth=3", "seed=4"]
+    cfg_file = tmp_path / "run.toml"
+    cfg_file.write_text('[run]\nproblem = "max-chain"\ndepth = 3\n')
+    cfg = load(str(cfg_file), ["lr=0.5"])
+    assert cfg.problem == "max-chain" and cfg.depth == 3 and cfg.lr == 0.5
+    with pytest.raises(ConfigError, match="did you mean 'samples'"):
+        load(None, ["sampels=3"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(str(tmp_path / "missing.toml"))
