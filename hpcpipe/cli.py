@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from . import __version__
 
@@ -137,7 +138,9 @@ def cmd_run(args, extra: list[str], argv: list[str]) -> int:
         res = run(cfg, comm)
         if comm.rank == 0:
             print_run(res, every=args.every)
-        return 0
+            if cfg.output:
+                print(f"wrote {cfg.output} (status {res.status})")
+        return 143 if res.status == "incomplete" else 0
 
     return _under_mpi(body)
 
@@ -152,6 +155,111 @@ def cmd_demo(args, extra: list[str], argv: list[str]) -> int:
         from .demo import demo
 
         return demo(comm, budget=args.budget)
+
+    return _under_mpi(body)
+
+
+def cmd_simulate(args) -> int:
+    from . import schedules
+    from .simulator import closed_form, gantt_rows, simulate_uniform
+
+    res = simulate_uniform(
+        args.schedule,
+        args.stages,
+        args.items,
+        args.t_forward,
+        args.t_backward,
+        args.message,
+        record=bool(args.plot),
+    )
+    print(
+        f"schedule {args.schedule}: S = {args.stages} stages, n = {args.items} items, "
+        f"{len(res.schedule)} actions; t_F = {args.t_forward}, t_B = {args.t_backward}, "
+        f"message cost c = {args.message}"
+    )
+    print(
+        f"makespan {res.makespan:.6g}; bubble fraction {res.bubble_fraction:.4f}; "
+        f"max in flight {max(schedules.max_in_flight(res.schedule))}"
+    )
+    try:
+        cf = closed_form(
+            args.schedule, args.stages, args.items, args.t_forward, args.t_backward, args.message
+        )
+        print(f"closed form {cf:.6g} (difference {res.makespan - cf:.3g})")
+    except ValueError as e:
+        print(f"closed form: {e}")
+    if args.plot:
+        from .trace import gantt_png
+
+        gantt_png(
+            gantt_rows(res),
+            args.plot,
+            f"{args.schedule}, S={args.stages}, n={args.items} (simulated)",
+            "model units",
+        )
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_trace(args) -> int:
+    from .results import ResultsError, load
+    from .trace import write_trace
+
+    try:
+        r = load(args.result)
+    except ResultsError as e:
+        print(f"hpcpipe: {e}", file=sys.stderr)
+        return 2
+    its = [args.iteration] if args.iteration else None
+    n = write_trace(r.timeline, args.output, str(r.attrs.get("clock", "wall")), its)
+    print(f"wrote {n} trace events to {args.output} (open in ui.perfetto.dev)")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from .results import ResultsError, load
+    from .trace import gantt_png, timeline_rows
+
+    try:
+        r = load(args.result)
+    except ResultsError as e:
+        print(f"hpcpipe: {e}", file=sys.stderr)
+        return 2
+    its = r.timeline["iteration"]
+    if len(its) == 0:
+        print(f"hpcpipe: {args.result} has no recorded timeline", file=sys.stderr)
+        return 2
+    it = args.iteration or int(its.max())
+    clock = str(r.attrs.get("clock", "wall"))
+    gantt_png(
+        timeline_rows(r.timeline, it),
+        args.output,
+        f"{Path(args.result).name}: iteration {it} ({clock} clock)",
+        "model units" if clock == "model" else "s",
+    )
+    print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
+    import os
+
+    if not os.environ.get(INSIDE):
+        return _relaunch(args.np, _strip_np(argv))
+
+    def body(comm):
+        from .bench import bench_pipeline
+
+        ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+        return bench_pipeline(
+            comm,
+            ints(args.depth),
+            ints(args.samples),
+            args.layer_time,
+            args.schedules.split(","),
+            args.repeats,
+            args.spin,
+        )
 
     return _under_mpi(body)
 
@@ -178,6 +286,40 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--np", type=int, default=4, help="number of ranks (default 4)")
     s.add_argument("--budget", type=float, default=0.0, help="pipeline time budget in tau")
     s.set_defaults(func=cmd_demo, takes_extra=True)
+
+    s = sub.add_parser("simulate", help="time a schedule without MPI (discrete events)")
+    s.add_argument("schedule", choices=["sequential", "gpipe", "1f1b"])
+    s.add_argument("--stages", type=int, default=4)
+    s.add_argument("--items", type=int, default=8)
+    s.add_argument("--t-forward", type=float, default=1.0)
+    s.add_argument("--t-backward", type=float, default=1.0)
+    s.add_argument("--message", type=float, default=0.0, help="cost of every message")
+    s.add_argument("--plot", metavar="PNG", help="draw the Gantt chart to this file")
+    s.set_defaults(func=cmd_simulate)
+
+    s = sub.add_parser("trace", help="a result's timeline as Chrome trace JSON (Perfetto)")
+    s.add_argument("result")
+    s.add_argument("-o", "--output", required=True)
+    s.add_argument("--iteration", type=int, default=0, help="only this iteration")
+    s.set_defaults(func=cmd_trace)
+
+    s = sub.add_parser("plot", help="pictures of a result")
+    s.add_argument("what", choices=["timeline"])
+    s.add_argument("result")
+    s.add_argument("-o", "--output", required=True)
+    s.add_argument("--iteration", type=int, default=0, help="default: the last recorded")
+    s.set_defaults(func=cmd_plot)
+
+    s = sub.add_parser("bench", help="benchmark cases that print figures")
+    s.add_argument("case", choices=["pipeline"])
+    s.add_argument("--np", type=int, default=4)
+    s.add_argument("--depth", default="4", help="comma-separated depths (>= ranks)")
+    s.add_argument("--samples", default="16", help="comma-separated K")
+    s.add_argument("--layer-time", type=float, default=0.01, help="seconds per layer")
+    s.add_argument("--schedules", default="gpipe,1f1b")
+    s.add_argument("--repeats", type=int, default=5)
+    s.add_argument("--spin", action="store_true", help="spin instead of sleep")
+    s.set_defaults(func=cmd_bench, takes_extra=True)
 
     s = sub.add_parser("info", help="versions of hpcpipe, numpy, mpi4py, h5py and the MPI library")
     s.set_defaults(func=cmd_info)

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +59,10 @@ class RunConfig:
     wait: str = "auto"
     eval_every: int = 1
     diverge_factor: float = 1e3
-    output: str = ""
+    output: str = ""  # HDF5 result file ("" : print the table only)
+    flush_every: int = 10  # iterations between HDF5 flushes
+    timeline_limit: int = 50  # record every action of the first N iterations ...
+    timeline_every: int = 10  # ... then of every N-th iteration
     progress: str = "auto"  # auto | bar | lines | off
 
     def to_json(self) -> str:
@@ -146,7 +150,28 @@ def _need(cond: bool, field: str, value, allowed: str) -> None:
         raise ConfigError(f"{field} = {value!r} is not allowed: {allowed}")
 
 
-def validate(cfg: RunConfig, n_ranks: int | None = None) -> None:
+def check_output(cfg: RunConfig) -> None:
+    """The output path must not hold a result already, and its folder must be writable."""
+    if not cfg.output:
+        return
+    p = Path(cfg.output)
+    if p.exists():
+        raise ConfigError(
+            f"output = {cfg.output!r} exists already: choose another path or "
+            "delete it (results are never overwritten)"
+        )
+    parent = p.parent if str(p.parent) else Path(".")
+    probe = parent
+    while not probe.exists():
+        probe = probe.parent
+    if not os.access(probe, os.W_OK):
+        raise ConfigError(f"output = {cfg.output!r}: folder {str(probe)!r} is not writable")
+
+
+_check_output = check_output
+
+
+def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = True) -> None:
     """All checks that can be made before any rank starts work."""
     for name, options in CHOICES.items():
         v = getattr(cfg, name)
@@ -168,6 +193,9 @@ def validate(cfg: RunConfig, n_ranks: int | None = None) -> None:
         v = getattr(cfg, name)
         _need(math.isfinite(v) and v >= 0, name, v, "must be a finite number >= 0")
     _need(cfg.eval_every >= 0, "eval_every", cfg.eval_every, "must be >= 0 (0: never)")
+    _need(cfg.flush_every >= 1, "flush_every", cfg.flush_every, "must be >= 1")
+    _need(cfg.timeline_limit >= 0, "timeline_limit", cfg.timeline_limit, "must be >= 0")
+    _need(cfg.timeline_every >= 1, "timeline_every", cfg.timeline_every, "must be >= 1")
     if cfg.momentum != "nesterov":
         try:
             mu = float(cfg.momentum)

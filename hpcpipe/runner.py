@@ -7,7 +7,10 @@ broadcasts and one Allreduce per iteration), so no rank is left waiting.
 
 from __future__ import annotations
 
+import json
 import math
+import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -16,11 +19,12 @@ import numpy as np
 from mpi4py import MPI
 
 from .clocks import CostModel
-from .config import RunConfig, validate
+from .config import ConfigError, RunConfig, check_output, validate
 from .engine import Engine
 from .model import stage_offsets
 from .optim import Method, State, theory_plan
 from .problems import Problem, attack, fewshot, l1_chain, max_chain, quad_chain
+from .recording import Recorder
 
 COLUMNS = (
     "iteration",
@@ -39,7 +43,7 @@ COLUMNS = (
 class RunResult:
     config: RunConfig
     method: Method
-    status: str  # complete | diverged
+    status: str  # complete | diverged | incomplete (stopped by a signal)
     table: np.ndarray  # rows of COLUMNS
     theta: np.ndarray  # this rank's part of the final iterate
     info: dict = field(default_factory=dict)
@@ -114,7 +118,10 @@ def run(
 ) -> RunResult:
     """Run one optimisation; returns the same RunResult on every rank (its own θ part)."""
     comm = comm if comm is not None else MPI.COMM_WORLD
-    validate(cfg, comm.size)
+    validate(cfg, comm.size, check_output=False)
+    err = comm.bcast(_output_error(cfg) if comm.rank == 0 else None, root=0)
+    if err:
+        raise ConfigError(err)
     prob = problem if problem is not None else make_problem(cfg, comm)
     method, T = make_method(cfg, prob)
     costs = CostModel.uniform(cfg.depth, cfg.t_forward, cfg.t_backward, cfg.alpha, cfg.beta)
@@ -151,7 +158,11 @@ def run(
     )
     project = prob.project if comm.rank == 0 else (lambda v: v)
     state = State(method, eng.initial_point(), project)
-    red = np.zeros(2)
+    red = np.zeros(3)
+    recorder = Recorder(eng, cfg.timeline_limit, cfg.timeline_every, keep=bool(cfg.output))
+    writer = _open_writer(cfg, comm, prob, method, T) if cfg.output else None
+    flushed = 0
+    stop = _StopFlag()
     rows = []
     f_star = prob.f_star if prob.f_star is not None else math.nan
     best, mtime, status, first = math.inf, 0.0, "complete", None
@@ -169,8 +180,10 @@ def run(
         y = state.point()
         res = eng.evaluate(y, method.gamma, call=it)
         grad = res.grad + prob.mu * y if prob.mu else res.grad
+        recorder.record(it, res.time)
         red[0] = 0.5 * prob.mu * float(y @ y)
         red[1] = float(grad @ grad)
+        red[2] = 1.0 if stop.raised else 0.0
         comm.Allreduce(MPI.IN_PLACE, [red, MPI.DOUBLE], op=MPI.SUM)
         loss = res.loss + red[0]
         gnorm = math.sqrt(red[1])
@@ -212,9 +225,23 @@ def run(
         if on_iteration is not None:
             on_iteration(rows[-1])
         prog.update(it, loss, mtime)
+        if red[2] > 0:
+            status = "incomplete"
+        if cfg.output:
+            if it % cfg.flush_every == 0 or status != "complete":
+                flushed = _flush(writer, comm, recorder, rows, flushed)
         if status != "complete" or (cfg.time_budget and mtime >= cfg.time_budget):
             break
+    stop.restore()
     prog.update(len(rows), rows[-1][1] if rows else math.nan, mtime, force=True)
+    if cfg.output:
+        flushed = _flush(writer, comm, recorder, rows, flushed)
+        summary = recorder.stage_summary(comm)
+        if writer is not None:
+            writer.set_stages(
+                summary[:, 0], summary[:, 1], summary[:, 2], summary[:, 3].astype(np.int64)
+            )
+            writer.close(status, {"info": json.dumps({**prob.info, **extra})})
     eng.close()
     if ev is not None:
         ev.close()
@@ -228,6 +255,82 @@ def run(
         state.theta,
         extra,
     )
+
+
+def _output_error(cfg: RunConfig) -> str | None:
+    try:
+        check_output(cfg)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+class _StopFlag:
+    """SIGTERM / SIGINT set a flag; the loop stops at the end of the iteration."""
+
+    def __init__(self):
+        self.raised = False
+        self._old = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                pass
+
+    def _handle(self, signum, frame):
+        self.raised = True
+
+    def restore(self):
+        for sig, h in self._old.items():
+            signal.signal(sig, h)
+
+
+def _open_writer(cfg: RunConfig, comm, prob: Problem, method: Method, T: int):
+    from .results import Writer
+
+    hosts = comm.gather(socket.gethostname(), root=0)
+    if comm.rank != 0:
+        return None
+    attrs = {
+        "config": cfg.to_json(),
+        "method": json.dumps(
+            {
+                "name": method.name,
+                "lr": method.lr,
+                "gamma": method.gamma,
+                "samples": method.samples,
+                "momentum": method.momentum,
+                "iterations": T,
+            }
+        ),
+        "problem": json.dumps(
+            {
+                "name": prob.name,
+                "dim": prob.dim,
+                "f_star": prob.f_star,
+                "L": prob.L,
+                "beta": prob.beta,
+                "R": prob.R,
+            }
+        ),
+        "n_ranks": comm.size,
+        "hosts": sorted(set(hosts)),
+        "clock": cfg.clock,
+    }
+    for k, v in json.loads(cfg.to_json()).items():
+        attrs[f"config.{k}"] = v
+    return Writer(cfg.output, attrs, COLUMNS, comm.size)
+
+
+def _flush(writer, comm, recorder: Recorder, rows: list, flushed: int) -> int:
+    """Gather pending events, append new rows and events, flush; returns rows written."""
+    ev = recorder.gather(comm)
+    if writer is not None:
+        if len(rows) > flushed:
+            writer.append_iterations(np.array(rows[flushed:], dtype=float))
+        writer.append_timeline(ev)
+        writer.flush()
+    return len(rows)
 
 
 def gather_theta(result: RunResult, comm, problem: Problem) -> np.ndarray:
