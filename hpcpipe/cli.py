@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .config import ConfigError
 
 
 def cmd_schedule(args) -> int:
@@ -68,10 +69,22 @@ def _relaunch(np_: int, argv: list[str]) -> int:
     except LauncherError as e:
         print(f"hpcpipe: {e}", file=sys.stderr)
         return 2
+    import signal
+
     env = dict(os.environ, **{INSIDE: "1"})
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    return subprocess.call(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum, frame):  # SIGTERM / SIGINT reach mpiexec, which passes them on
+        proc.send_signal(signum)
+
+    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 def _under_mpi(func) -> int:
@@ -110,15 +123,58 @@ def _strip_np(argv: list[str]) -> list[str]:
     return out
 
 
-def cmd_run(args, extra: list[str], argv: list[str]) -> int:
-    import os
+def _resume_config(path: str, extra: list[str]):
+    """The config stored in an incomplete result, with overrides, writing to the same file."""
+    import dataclasses
 
+    from .config import make_config
+    from .results import ResultsError, load
+
+    try:
+        r = load(path)
+    except ResultsError as e:
+        raise ConfigError(str(e)) from None
+    if r.status != "incomplete":
+        raise ConfigError(
+            f"--resume {path}: status is {r.status!r}; only an incomplete run can be resumed"
+        )
+    values = dict(r.config)
+    for item in _overrides(extra):
+        k, v = item.split("=", 1)
+        values[k.replace("-", "_")] = v
+    cfg = make_config({**values, "output": ""})
+    return dataclasses.replace(cfg, output=path)
+
+
+def cmd_validate(args, extra: list[str], argv: list[str]) -> int:
     from .config import ConfigError, load, validate
 
     try:
         cfg = load(args.config, _overrides(extra))
+        validate(cfg, args.np or None)
+    except ConfigError as e:
+        print(f"hpcpipe: config error: {e}", file=sys.stderr)
+        return 2
+    ranks = f" on {args.np} ranks" if args.np else ""
+    print(
+        f"ok: {cfg.problem}, depth {cfg.depth}, {cfg.optimizer} ({cfg.mode}), "
+        f"schedule {cfg.schedule}{ranks}"
+    )
+    return 0
+
+
+def cmd_run(args, extra: list[str], argv: list[str]) -> int:
+    import os
+
+    from .config import load, validate
+
+    try:
+        if args.resume:
+            cfg = _resume_config(args.resume, extra)
+        else:
+            cfg = load(args.config, _overrides(extra))
         if args.np:
-            validate(cfg, args.np)
+            validate(cfg, args.np, check_output=not args.resume)
     except ConfigError as e:
         print(f"hpcpipe: config error: {e}", file=sys.stderr)
         return 2
@@ -130,12 +186,12 @@ def cmd_run(args, extra: list[str], argv: list[str]) -> int:
         from .runner import run
 
         try:
-            validate(cfg, comm.size)
+            validate(cfg, comm.size, check_output=False)
         except ConfigError as e:
             if comm.rank == 0:
                 print(f"hpcpipe: config error: {e}", file=sys.stderr)
             return 2
-        res = run(cfg, comm)
+        res = run(cfg, comm, resume=args.resume or None)
         if comm.rank == 0:
             print_run(res, every=args.every)
             if cfg.output:
@@ -280,7 +336,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help="TOML file of settings (see README); --key value overrides")
     s.add_argument("--np", type=int, default=0, help="launch itself under mpiexec -n NP")
     s.add_argument("--every", type=int, default=0, help="print every N-th iteration row")
+    s.add_argument("--resume", metavar="FILE", help="continue an incomplete result file")
     s.set_defaults(func=cmd_run, takes_extra=True)
+
+    s = sub.add_parser("validate", help="check a configuration without running it")
+    s.add_argument("config", nargs="?", help="TOML file; --key value overrides")
+    s.add_argument("--np", type=int, default=0, help="check it fits this many ranks")
+    s.set_defaults(func=cmd_validate, takes_extra=True)
 
     s = sub.add_parser("demo", help="GD vs AGD vs PPRS on the digits attack, 4 local ranks")
     s.add_argument("--np", type=int, default=4, help="number of ranks (default 4)")

@@ -64,6 +64,8 @@ class RunConfig:
     timeline_limit: int = 50  # record every action of the first N iterations ...
     timeline_every: int = 10  # ... then of every N-th iteration
     progress: str = "auto"  # auto | bar | lines | off
+    timeout: float = 0.0  # watchdog: abort when a rank waits this long for a message; 0: off
+    inject_failure: str = ""  # testing: "RANK:ITERATION" raises there, ":hang" stops there
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -189,7 +191,29 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
     for name in ("lr", "t_forward", "t_backward", "diverge_factor"):
         v = getattr(cfg, name)
         _need(math.isfinite(v) and v > 0, name, v, "must be a finite number > 0")
-    for name in ("gamma", "epsilon", "time_budget", "alpha", "beta", "layer_time", "radius"):
+    if cfg.inject_failure:
+        parts = cfg.inject_failure.split(":")
+        ok = (
+            len(parts) in (2, 3)
+            and all(p.strip().isdigit() for p in parts[:2])
+            and (len(parts) == 2 or parts[2] in ("raise", "hang"))
+        )
+        _need(
+            ok,
+            "inject_failure",
+            cfg.inject_failure,
+            "write RANK:ITERATION or RANK:ITERATION:hang, e.g. '2:5'",
+        )
+    for name in (
+        "gamma",
+        "epsilon",
+        "time_budget",
+        "alpha",
+        "beta",
+        "layer_time",
+        "radius",
+        "timeout",
+    ):
         v = getattr(cfg, name)
         _need(math.isfinite(v) and v >= 0, name, v, "must be a finite number >= 0")
     _need(cfg.eval_every >= 0, "eval_every", cfg.eval_every, "must be >= 0 (0: never)")
@@ -237,8 +261,5 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
             cfg.depth,
             f"depth must be >= the number of ranks ({n_ranks}): every rank owns a layer",
         )
-    if cfg.output and Path(cfg.output).exists():
-        raise ConfigError(
-            f"output = {cfg.output!r} exists already: choose another path or "
-            "delete it (results are never overwritten)"
-        )
+    if check_output:
+        _check_output(cfg)

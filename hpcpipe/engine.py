@@ -82,6 +82,7 @@ class Engine:
         layer_time: float = 0.0,
         spin: bool = False,
         weights: np.ndarray | None = None,
+        timeout: float = 0.0,
     ):
         if variable not in VARIABLES:
             raise ValueError(f"variable {variable!r}: choose one of {', '.join(VARIABLES)}")
@@ -110,7 +111,7 @@ class Engine:
         self.codes: list[int] = schedule.codes[self.rank].tolist()
         self.layer_time = float(layer_time) * (hi - lo)
         self.spin = spin
-        self.waiter = Waiter(wait, self.size)
+        self.waiter = Waiter(wait, self.size, timeout=timeout)
         if clock == "model":
             self.clock = ModelClock.for_stage(costs or CostModel.uniform(spec.depth, 0.0), lo, hi)
         elif clock == "wall":
@@ -219,7 +220,14 @@ class Engine:
                     x = inputs[k][r0:r1] if input_var else self.batch.x[r0:r1]
                 else:
                     req = self.recv_f.requests[i]
-                    waiter.wait(req)
+                    if waiter.timeout:
+                        waiter.wait(
+                            req,
+                            f"rank {self.rank} waits for the activation of item {i} "
+                            f"from rank {self.rank - 1} (call {call})",
+                        )
+                    else:
+                        waiter.wait(req)
                     clock.receive(self.recv_f.stamp(i), self.recv_f.nbytes(i))
                     x = self.recv_f.payload(i)
                 ev[idx, EV_READY] = clock.now()
@@ -240,7 +248,14 @@ class Engine:
                 if st.is_last:
                     dy = seeds.pop(i)
                 else:
-                    waiter.wait(self.recv_b.requests[i])
+                    if waiter.timeout:
+                        waiter.wait(
+                            self.recv_b.requests[i],
+                            f"rank {self.rank} waits for the "
+                            f"gradient of item {i} from rank {self.rank + 1} (call {call})",
+                        )
+                    else:
+                        waiter.wait(self.recv_b.requests[i])
                     clock.receive(self.recv_b.stamp(i), self.recv_b.nbytes(i))
                     dy = self.recv_b.payload(i)
                 ev[idx, EV_READY] = clock.now()
@@ -260,7 +275,7 @@ class Engine:
                     del params[k], left[k]
                     inputs.pop(k, None)
             ev[idx, EV_END] = t_end
-        waiter.waitall(self._sends)
+        waiter.waitall(self._sends, f"rank {self.rank}'s sends of call {call} to complete")
         if reduce == "mean":
             grad /= self.samples
         comm = self.comm

@@ -82,6 +82,7 @@ class Writer:
         columns: tuple[str, ...],
         n_stages: int,
         overwrite: bool = False,
+        state_size: int = 0,
     ):
         self.path = Path(path)
         if self.path.exists() and not overwrite:
@@ -112,8 +113,45 @@ class Writer:
         st = self.f.create_group("stages")
         for c in STAGE_FIELDS:
             st.create_dataset(c, data=np.zeros(n_stages, dtype="i8" if c == "actions" else "f8"))
+        rs = self.f.create_group("state")
+        rs.attrs["about"] = (
+            "optimizer state at the last flush, for --resume: theta_t, "
+            "theta_{t-1}, scalars = [next iteration, best f, pipeline time, "
+            "first loss], per-stage totals [busy, wait, idle, actions]"
+        )
+        rs.create_dataset("theta", data=np.zeros(state_size))
+        rs.create_dataset("prev", data=np.zeros(state_size))
+        rs.create_dataset("scalars", data=np.array([1.0, np.inf, 0.0, np.nan]))
+        rs.create_dataset("stage", data=np.zeros((n_stages, 4)))
         self.f.swmr_mode = True
         self.f.flush()
+
+    @classmethod
+    def reopen(cls, path: str | Path, last_iteration: int, columns: tuple[str, ...]) -> Writer:
+        """Continue an incomplete file: drop rows/events after ``last_iteration``."""
+        self = cls.__new__(cls)
+        self.path, self.columns = Path(path), columns
+        self.f = h5py.File(self.path, "r+", libver="latest")
+        self.f.attrs["status"] = "incomplete"
+        self.f.attrs["resumed"] = int(self.f.attrs.get("resumed", 0)) + 1
+        n = int(
+            np.searchsorted(self.f["iterations"]["iteration"][()], last_iteration, side="right")
+        )
+        for c in columns:
+            self.f["iterations"][c].resize((n,))
+        keep = int((self.f["timeline"]["iteration"][()] <= last_iteration).sum())
+        for c in TIMELINE_INT + TIMELINE_FLOAT:
+            self.f["timeline"][c].resize((keep,))
+        self.f.swmr_mode = True
+        self.f.flush()
+        return self
+
+    def save_state(self, theta, prev, scalars, stage) -> None:
+        st = self.f["state"]
+        st["theta"][...] = theta
+        st["prev"][...] = prev
+        st["scalars"][...] = np.asarray(scalars, dtype=float)
+        st["stage"][...] = stage
 
     def _append(self, group: str, data: dict) -> None:
         g = self.f[group]
@@ -184,13 +222,44 @@ def _text(v):
     return v.decode() if isinstance(v, bytes) else v
 
 
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _check_container(path: Path) -> None:
+    """Cheap checks before HDF5 sees the file: signature, and size against the superblock.
+
+    A truncated file must fail fast (an SWMR reader otherwise retries its
+    metadata reads for a long time). Superblock versions 2 and 3 store the
+    end-of-file address at byte 28 (after signature, version, sizes, flags,
+    base and extension addresses).
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(48)
+    if not head.startswith(HDF5_SIGNATURE):
+        raise ResultsError(f"{path}: not an HDF5 file (no HDF5 signature)")
+    if len(head) >= 36 and head[8] in (2, 3) and head[9] == 8:
+        eof = int.from_bytes(head[28:36], "little")
+        if size < eof:
+            raise ResultsError(f"{path}: truncated ({size} bytes, its superblock says {eof})")
+
+
+def _open(path: Path):
+    """Open a closed file normally; one still held (or left) by a writer in SWMR mode."""
+    try:
+        return h5py.File(path, "r")
+    except OSError:
+        return h5py.File(path, "r", libver="latest", swmr=True)
+
+
 def load(path: str | Path) -> Result:
     """Read one result file; ResultsError naming the file if it is not one."""
     path = Path(path)
     if not path.is_file():
         raise ResultsError(f"{path}: no such file")
+    _check_container(path)
     try:
-        with h5py.File(path, "r", libver="latest", swmr=True) as f:
+        with _open(path) as f:
             attrs = {k: _text(v) for k, v in f.attrs.items()}
             if "schema_version" not in attrs or "iterations" not in f:
                 raise ResultsError(f"{path}: not an hpcpipe result (no schema_version)")
@@ -211,6 +280,19 @@ def load(path: str | Path) -> Result:
     cfg = json.loads(attrs.get("config", "{}"))
     info = json.loads(attrs.get("info", "{}")) if "info" in attrs else {}
     return Result(path, attrs, cfg, its, tl, st, info)
+
+
+def read_state(path: str | Path):
+    """(theta, prev, scalars, stage) of an incomplete result, for --resume."""
+    r = load(path)
+    if r.status != "incomplete":
+        raise ResultsError(f"{path}: status is {r.status!r}; only an incomplete run can be resumed")
+    try:
+        with _open(Path(path)) as f:
+            g = f["state"]
+            return g["theta"][()], g["prev"][()], g["scalars"][()], g["stage"][()]
+    except (OSError, KeyError, ValueError, RuntimeError) as e:
+        raise ResultsError(f"{path}: has no resumable state ({e})") from None
 
 
 def load_dir(directory: str | Path, warn=None) -> list[Result]:

@@ -115,13 +115,21 @@ def run(
     label: str | None = None,
     problem: Problem | None = None,
     on_iteration=None,
+    resume: str | None = None,
 ) -> RunResult:
-    """Run one optimisation; returns the same RunResult on every rank (its own θ part)."""
+    """Run one optimisation; returns the same RunResult on every rank (its own θ part).
+
+    With ``resume`` (a result file left ``incomplete``), the run continues
+    from the file's last flushed iteration, appending to the same file; for
+    the same number of ranks it reaches the same iterates bitwise, since the
+    noise is keyed by iteration and the optimizer state is restored exactly.
+    """
     comm = comm if comm is not None else MPI.COMM_WORLD
     validate(cfg, comm.size, check_output=False)
-    err = comm.bcast(_output_error(cfg) if comm.rank == 0 else None, root=0)
-    if err:
-        raise ConfigError(err)
+    if resume is None:
+        err = comm.bcast(_output_error(cfg) if comm.rank == 0 else None, root=0)
+        if err:
+            raise ConfigError(err)
     prob = problem if problem is not None else make_problem(cfg, comm)
     method, T = make_method(cfg, prob)
     costs = CostModel.uniform(cfg.depth, cfg.t_forward, cfg.t_backward, cfg.alpha, cfg.beta)
@@ -132,6 +140,8 @@ def run(
         clock=cfg.clock,
         costs=costs,
         wait=cfg.wait,
+        timeout=cfg.timeout,
+        weights=prob.weights,
     )
     eng = Engine(
         comm,
@@ -140,35 +150,34 @@ def run(
         samples=method.samples,
         microbatches=cfg.n_micro,
         layer_time=cfg.layer_time,
-        weights=prob.weights,
         **common,
     )
     ev = (
-        Engine(
-            comm,
-            prob.spec,
-            prob.batch,
-            samples=1,
-            microbatches=prob.batch.m,
-            weights=prob.weights,
-            **common,
-        )
+        Engine(comm, prob.spec, prob.batch, samples=1, microbatches=prob.batch.m, **common)
         if cfg.eval_every
         else None
     )
     project = prob.project if comm.rank == 0 else (lambda v: v)
     state = State(method, eng.initial_point(), project)
+    offsets = _offsets(prob, comm)
     red = np.zeros(3)
     recorder = Recorder(eng, cfg.timeline_limit, cfg.timeline_every, keep=bool(cfg.output))
-    writer = _open_writer(cfg, comm, prob, method, T) if cfg.output else None
-    flushed = 0
+    loop = {"best": math.inf, "mtime": 0.0, "first": math.nan}
+    if resume is not None:
+        _restore(resume, comm, state, loop, recorder, offsets)
+    writer = None
+    if cfg.output:
+        writer = (
+            _open_writer(cfg, comm, prob, method, T, offsets[-1])
+            if resume is None
+            else _reopen_writer(resume, comm, state.t - 1, cfg)
+        )
+    inject = _injection(cfg.inject_failure)
+    flushed, rows, status, extra = 0, [], "complete", {}
     stop = _StopFlag()
-    rows = []
     f_star = prob.f_star if prob.f_star is not None else math.nan
-    best, mtime, status, first = math.inf, 0.0, "complete", None
     prog = Progress(cfg.progress, T, label or f"{cfg.optimizer}", comm.rank == 0)
     wall0 = time.perf_counter()
-    extra: dict = {}
 
     def exact_f(theta):
         res = ev.evaluate(theta)
@@ -176,7 +185,17 @@ def run(
         comm.Allreduce(MPI.IN_PLACE, [red[:1], MPI.DOUBLE], op=MPI.SUM)
         return res.loss + red[0], res.item_losses
 
-    for it in range(1, T + 1):
+    def flush():
+        nonlocal flushed
+        flushed = _flush(writer, comm, recorder, rows, flushed, state, loop, offsets)
+
+    for it in range(state.t, T + 1):
+        if inject is not None and inject[:2] == (comm.rank, it):
+            if inject[2] == "hang":  # stop making progress: the others' watchdog must fire
+                time.sleep(3600)
+            raise RuntimeError(
+                f"injected failure on rank {comm.rank} at iteration {it} (config inject_failure)"
+            )
         y = state.point()
         res = eng.evaluate(y, method.gamma, call=it)
         grad = res.grad + prob.mu * y if prob.mu else res.grad
@@ -185,29 +204,20 @@ def run(
         red[1] = float(grad @ grad)
         red[2] = 1.0 if stop.raised else 0.0
         comm.Allreduce(MPI.IN_PLACE, [red, MPI.DOUBLE], op=MPI.SUM)
-        loss = res.loss + red[0]
-        gnorm = math.sqrt(red[1])
-        mtime += res.time
-        if first is None:
-            first = loss
+        loss, gnorm = res.loss + red[0], math.sqrt(red[1])
+        loop["mtime"] += res.time
+        if math.isnan(loop["first"]):
+            loop["first"] = loss
+        first = loop["first"]
+        wall = time.perf_counter() - wall0
         if (
             not math.isfinite(loss)
             or not math.isfinite(gnorm)
-            or (loss - first > cfg.diverge_factor * max(abs(first), 1.0))
+            or loss - first > cfg.diverge_factor * max(abs(first), 1.0)
         ):
             status = "diverged"
             rows.append(
-                (
-                    it,
-                    loss,
-                    math.nan,
-                    best,
-                    math.nan,
-                    gnorm,
-                    method.lr,
-                    mtime,
-                    time.perf_counter() - wall0,
-                )
+                (it, loss, math.nan, loop["best"], math.nan, gnorm, method.lr, loop["mtime"], wall)
             )
             break
         state.update(y, grad)
@@ -216,45 +226,73 @@ def run(
             f, items = exact_f(state.theta)
             if not math.isfinite(f):
                 status = "diverged"
-            best = min(best, f)
+            loop["best"] = min(loop["best"], f)
             if prob.name == "attack":
                 extra["attack_success"] = float((items < 0).mean())
         rows.append(
-            (it, loss, f, best, f - f_star, gnorm, method.lr, mtime, time.perf_counter() - wall0)
+            (
+                it,
+                loss,
+                f,
+                loop["best"],
+                f - f_star,
+                gnorm,
+                method.lr,
+                loop["mtime"],
+                time.perf_counter() - wall0,
+            )
         )
         if on_iteration is not None:
             on_iteration(rows[-1])
-        prog.update(it, loss, mtime)
+        prog.update(it, loss, loop["mtime"])
         if red[2] > 0:
             status = "incomplete"
-        if cfg.output:
-            if it % cfg.flush_every == 0 or status != "complete":
-                flushed = _flush(writer, comm, recorder, rows, flushed)
-        if status != "complete" or (cfg.time_budget and mtime >= cfg.time_budget):
+        if cfg.output and (it % cfg.flush_every == 0 or status != "complete"):
+            flush()
+        if status != "complete" or (cfg.time_budget and loop["mtime"] >= cfg.time_budget):
             break
     stop.restore()
-    prog.update(len(rows), rows[-1][1] if rows else math.nan, mtime, force=True)
+    prog.update(len(rows), rows[-1][1] if rows else math.nan, loop["mtime"], force=True)
+    extra.update(prob.info)
+    extra["iterations_planned"] = T
     if cfg.output:
-        flushed = _flush(writer, comm, recorder, rows, flushed)
+        flush()
         summary = recorder.stage_summary(comm)
         if writer is not None:
             writer.set_stages(
                 summary[:, 0], summary[:, 1], summary[:, 2], summary[:, 3].astype(np.int64)
             )
-            writer.close(status, {"info": json.dumps({**prob.info, **extra})})
+            writer.close(status, {"info": json.dumps(extra)})
     eng.close()
     if ev is not None:
         ev.close()
-    extra.update(prob.info)
-    extra["iterations_planned"] = T
-    return RunResult(
-        cfg,
-        method,
-        status,
-        np.array(rows, dtype=float).reshape(-1, len(COLUMNS)),
-        state.theta,
-        extra,
-    )
+    table = np.array(rows, dtype=float).reshape(-1, len(COLUMNS))
+    return RunResult(cfg, method, status, table, state.theta, extra)
+
+
+def _injection(spec: str) -> tuple[int, int, str] | None:
+    """``RANK:ITERATION`` (raise) or ``RANK:ITERATION:hang`` (stop responding)."""
+    if not spec:
+        return None
+    parts = spec.split(":")
+    return int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else "raise"
+
+
+def _offsets(prob: Problem, comm) -> list[int]:
+    """Where each rank's part of θ sits in the full vector."""
+    if prob.variable == "weights":
+        return stage_offsets(prob.spec, comm.size)
+    return [0] + [prob.dim] * comm.size
+
+
+def _gather_vector(local: np.ndarray, comm, offsets: list[int]) -> np.ndarray | None:
+    """The full vector on rank 0 (buffer-API Gatherv); None elsewhere."""
+    counts = list(np.diff(offsets))
+    if comm.size == 1:
+        return local.copy()
+    out = np.empty(offsets[-1]) if comm.rank == 0 else None
+    comm.Gatherv([local, MPI.DOUBLE], [out, counts, MPI.DOUBLE] if comm.rank == 0 else None, root=0)
+    return out
 
 
 def _output_error(cfg: RunConfig) -> str | None:
@@ -285,7 +323,13 @@ class _StopFlag:
             signal.signal(sig, h)
 
 
-def _open_writer(cfg: RunConfig, comm, prob: Problem, method: Method, T: int):
+def _reopen_writer(path: str, comm, last_iteration: int, cfg: RunConfig):
+    from .results import Writer
+
+    return Writer.reopen(path, last_iteration, COLUMNS) if comm.rank == 0 else None
+
+
+def _open_writer(cfg: RunConfig, comm, prob: Problem, method: Method, T: int, size: int):
     from .results import Writer
 
     hosts = comm.gather(socket.gethostname(), root=0)
@@ -319,18 +363,67 @@ def _open_writer(cfg: RunConfig, comm, prob: Problem, method: Method, T: int):
     }
     for k, v in json.loads(cfg.to_json()).items():
         attrs[f"config.{k}"] = v
-    return Writer(cfg.output, attrs, COLUMNS, comm.size)
+    return Writer(cfg.output, attrs, COLUMNS, comm.size, state_size=size)
 
 
-def _flush(writer, comm, recorder: Recorder, rows: list, flushed: int) -> int:
-    """Gather pending events, append new rows and events, flush; returns rows written."""
+def _flush(
+    writer,
+    comm,
+    recorder: Recorder,
+    rows: list,
+    flushed: int,
+    state: State,
+    loop: dict,
+    offsets: list[int],
+) -> int:
+    """Append new rows and gathered events, save the optimizer state, flush.
+
+    The state (θ_t, θ_{t−1}, t, best f, pipeline time, first loss, per-stage
+    totals) is what ``--resume`` needs to continue bitwise.
+    """
     ev = recorder.gather(comm)
+    theta = _gather_vector(state.theta, comm, offsets)
+    prev = _gather_vector(state.prev, comm, offsets)
+    totals = np.array([recorder.busy, recorder.wait, recorder.idle, float(recorder.actions)])
+    stage = np.empty((comm.size, 4)) if comm.rank == 0 else None
+    comm.Gather([totals, MPI.DOUBLE], [stage, MPI.DOUBLE] if comm.rank == 0 else None, root=0)
     if writer is not None:
         if len(rows) > flushed:
             writer.append_iterations(np.array(rows[flushed:], dtype=float))
         writer.append_timeline(ev)
+        writer.save_state(theta, prev, [state.t, loop["best"], loop["mtime"], loop["first"]], stage)
         writer.flush()
     return len(rows)
+
+
+def _restore(
+    path: str, comm, state: State, loop: dict, recorder: Recorder, offsets: list[int]
+) -> None:
+    """Load the optimizer state of an incomplete result file on every rank."""
+    from .results import ResultsError, read_state
+
+    got = None
+    if comm.rank == 0:
+        try:
+            got = read_state(path)
+        except ResultsError as e:
+            got = e
+    got = comm.bcast(got, root=0)
+    if isinstance(got, Exception):
+        raise got
+    theta, prev, scalars, stage = got
+    r = comm.rank
+    if theta.size != offsets[-1] or stage.shape[0] != comm.size:
+        raise ResultsError(
+            f"{path}: its state has {theta.size} values on {stage.shape[0]} "
+            f"ranks; this run has {offsets[-1]} on {comm.size}"
+        )
+    state.theta = theta[offsets[r] : offsets[r + 1]].copy()
+    state.prev = prev[offsets[r] : offsets[r + 1]].copy()
+    state.t = int(scalars[0])
+    loop["best"], loop["mtime"], loop["first"] = (float(x) for x in scalars[1:4])
+    recorder.busy, recorder.wait, recorder.idle = (float(x) for x in stage[r, :3])
+    recorder.actions = int(stage[r, 3])
 
 
 def gather_theta(result: RunResult, comm, problem: Problem) -> np.ndarray:

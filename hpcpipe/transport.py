@@ -57,43 +57,62 @@ class Channel:
         self.requests = []
 
 
+class WatchdogTimeout(RuntimeError):
+    """A rank waited longer than the watchdog allows for a message."""
+
+
 class Waiter:
-    """Completes a request under a wait policy.
+    """Completes a request under a wait policy, optionally with a watchdog.
 
     ``busy``: MPI Wait (the library spins); ``yield``: Test then
     sched_yield; ``sleep``: Test then sleep ``interval`` seconds. ``auto``
     picks busy when ranks <= cores, else sleep, so that oversubscribed ranks
-    (8 ranks on 2 cores) give their core to the rank that has work.
+    (8 ranks on 2 cores) give their core to the rank that has work. With
+    ``timeout`` > 0 every wait polls (busy becomes a Test loop) and raises
+    WatchdogTimeout naming the message after ``timeout`` seconds.
     """
 
-    def __init__(self, policy: str = "auto", n_ranks: int = 1, interval: float = 50e-6):
+    def __init__(
+        self, policy: str = "auto", n_ranks: int = 1, interval: float = 50e-6, timeout: float = 0.0
+    ):
         if policy not in WAIT_POLICIES:
             raise ValueError(f"wait policy {policy!r}: choose one of {', '.join(WAIT_POLICIES)}")
         if policy == "auto":
-            cores = (
-                len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-            )
+            aff = getattr(os, "sched_getaffinity", None)
+            cores = len(aff(0)) if aff else os.cpu_count()
             policy = "busy" if n_ranks <= (cores or 1) else "sleep"
-        self.policy, self.interval = policy, interval
+        self.policy, self.interval, self.timeout = policy, interval, float(timeout)
 
-    def wait(self, req) -> None:
-        if self.policy == "busy":
-            req.Wait()
+    def _pause(self) -> None:
+        if self.policy == "sleep":
+            time.sleep(self.interval)
         elif self.policy == "yield":
+            os.sched_yield()
+
+    def wait(self, req, what: str = "a message") -> None:
+        if self.timeout > 0:
+            end = time.monotonic() + self.timeout
             while not req.Test():
-                os.sched_yield()
+                if time.monotonic() > end:
+                    raise WatchdogTimeout(f"no progress for {self.timeout:g} s: waiting for {what}")
+                self._pause()
+        elif self.policy == "busy":
+            req.Wait()
         else:
             while not req.Test():
-                time.sleep(self.interval)
+                self._pause()
 
-    def waitall(self, reqs) -> None:
+    def waitall(self, reqs, what: str = "sends to complete") -> None:
         if not reqs:
             return
-        if self.policy == "busy":
+        if self.timeout > 0:
+            end = time.monotonic() + self.timeout
+            while not MPI.Request.Testall(reqs):
+                if time.monotonic() > end:
+                    raise WatchdogTimeout(f"no progress for {self.timeout:g} s: waiting for {what}")
+                self._pause()
+        elif self.policy == "busy":
             MPI.Request.Waitall(reqs)
         else:
             while not MPI.Request.Testall(reqs):
-                if self.policy == "yield":
-                    os.sched_yield()
-                else:
-                    time.sleep(self.interval)
+                self._pause()
