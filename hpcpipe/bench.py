@@ -132,3 +132,349 @@ def bench_pipeline(
             print("sanity check failed: non-finite or zero times")
             return 1
     return 0
+
+
+# ---------------------------------------------------------------- transport
+
+SIZES = [8 << k for k in range(0, 20)]  # 8 B .. 4 MiB
+
+
+def _pingpong_raw(comm, buf, iters: int) -> float:
+    """Median one-way latency (s) of blocking Send/Recv ping-pong, buffer API."""
+    from mpi4py import MPI
+
+    peer = 1 - comm.rank
+    spec = [buf, MPI.DOUBLE]
+    out = []
+    for _ in range(iters):
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        if comm.rank == 0:
+            comm.Send(spec, peer, 1)
+            comm.Recv(spec, peer, 1)
+        else:
+            comm.Recv(spec, peer, 1)
+            comm.Send(spec, peer, 1)
+        out.append((MPI.Wtime() - t0) / 2)
+    return statistics.median(out)
+
+
+def _pingpong_channel(comm, n_doubles: int, iters: int, waiter) -> float:
+    """The same ping-pong over hpcpipe Channels: the engine's exact send/receive path.
+
+    Persistent requests on a preallocated slot (payload + the clock stamp),
+    receive started before the send, completed by the engine's Waiter.
+    """
+    from mpi4py import MPI
+
+    from .transport import BWD, FWD, Channel
+
+    peer = 1 - comm.rank
+    send = Channel(comm, peer, FWD if comm.rank == 0 else BWD, True, [1], n_doubles)
+    recv = Channel(comm, peer, BWD if comm.rank == 0 else FWD, False, [1], n_doubles)
+    sreq, rreq = send.requests[0], recv.requests[0]
+    out = []
+    for _ in range(iters):
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        rreq.Start()
+        if comm.rank == 0:
+            send.slots[0][-1] = t0
+            sreq.Start()
+            waiter.wait(rreq)
+            waiter.wait(sreq)
+        else:
+            waiter.wait(rreq)
+            send.slots[0][-1] = t0
+            sreq.Start()
+            waiter.wait(sreq)
+        out.append((MPI.Wtime() - t0) / 2)
+    send.free()
+    recv.free()
+    return statistics.median(out)
+
+
+def _bandwidth_raw(comm, buf, window: int, reps: int) -> float:
+    """OSU osu_bw style: a window of Isend/Irecv, then a 1-double ack; bytes/s."""
+    from mpi4py import MPI
+
+    peer = 1 - comm.rank
+    ack = np.zeros(1)
+    out = []
+    for _ in range(reps):
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        if comm.rank == 0:
+            reqs = [comm.Isend([buf, MPI.DOUBLE], peer, 2) for _ in range(window)]
+            MPI.Request.Waitall(reqs)
+            comm.Recv([ack, MPI.DOUBLE], peer, 3)
+        else:
+            reqs = [comm.Irecv([buf, MPI.DOUBLE], peer, 2) for _ in range(window)]
+            MPI.Request.Waitall(reqs)
+            comm.Send([ack, MPI.DOUBLE], peer, 3)
+        out.append(MPI.Wtime() - t0)
+    return window * buf.nbytes / statistics.median(out)
+
+
+def _bandwidth_channel(comm, n_doubles: int, window: int, reps: int, waiter) -> float:
+    """The same window over Channels: one persistent request per item, as in a GPipe call."""
+    from mpi4py import MPI
+
+    from .transport import FWD, Channel
+
+    peer = 1 - comm.rank
+    ch = Channel(comm, peer, FWD, comm.rank == 0, [1] * window, n_doubles)
+    ack = np.zeros(1)
+    out = []
+    for _ in range(reps):
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        MPI.Prequest.Startall(ch.requests)
+        waiter.waitall(ch.requests)
+        if comm.rank == 0:
+            comm.Recv([ack, MPI.DOUBLE], peer, 3)
+        else:
+            comm.Send([ack, MPI.DOUBLE], peer, 3)
+        out.append(MPI.Wtime() - t0)
+    ch.free()
+    return window * n_doubles * 8 / statistics.median(out)
+
+
+def bench_transport(comm, max_bytes: int, iters: int, wait: str) -> int:
+    from .transport import Waiter
+
+    if comm.size != 2:
+        if comm.rank == 0:
+            print("bench transport needs exactly 2 ranks (--np 2)")
+        return 2
+    waiter = Waiter(wait, comm.size)
+    rows = []
+    for size in [s for s in SIZES if s <= max_bytes]:
+        n = size // 8
+        buf = np.zeros(n)
+        it = iters if size <= 65536 else max(10, iters // 10)
+        # interleave raw and channel measurements so both see the same machine state
+        lat_raw = min(_pingpong_raw(comm, buf, it), _pingpong_raw(comm, buf, it))
+        lat_ch = min(_pingpong_channel(comm, n, it, waiter), _pingpong_channel(comm, n, it, waiter))
+        window = 64 if size <= 1 << 20 else 16
+        reps = 10 if size <= 1 << 16 else 5
+        bw_raw = _bandwidth_raw(comm, buf, window, reps)
+        bw_ch = _bandwidth_channel(comm, n, window, reps, waiter)
+        rows.append(
+            [
+                size,
+                lat_raw * 1e6,
+                lat_ch * 1e6,
+                lat_ch / lat_raw,
+                bw_raw / 1e6,
+                bw_ch / 1e6,
+                bw_ch / bw_raw,
+            ]
+        )
+    if comm.rank == 0:
+        print("command: hpcpipe " + " ".join(sys.argv[1:]))
+        print(machine_line(comm))
+        print(
+            f"ping-pong latency (median of {iters}, best of 2 interleaved runs) and "
+            f"windowed bandwidth; wait policy {waiter.policy}"
+        )
+        print(
+            table(
+                [
+                    "bytes",
+                    "raw lat (us)",
+                    "channel lat (us)",
+                    "lat ratio",
+                    "raw bw (MB/s)",
+                    "channel bw (MB/s)",
+                    "bw ratio",
+                ],
+                rows,
+            )
+        )
+        ok = all(np.isfinite(r).all() and r[1] > 0 for r in np.array(rows))
+        print("sanity: " + ("ok" if ok else "FAILED (non-finite or zero times)"))
+        return 0 if ok else 1
+    return 0
+
+
+# ---------------------------------------------------------------- simulator
+
+
+def bench_simulate(repeats: int = 3, stages: int = 1024, items: int = 1024) -> int:
+    """Simulator throughput in actions per second (one core, no MPI)."""
+    from .simulator import throughput
+
+    print("command: hpcpipe " + " ".join(sys.argv[1:]))
+    print(
+        f"machine {socket.gethostname()} ({platform.machine()}), python "
+        f"{platform.python_version()}, one process"
+    )
+    rows = []
+    for name in ("sequential", "gpipe", "1f1b"):
+        runs = [throughput(stages, items, name) for _ in range(repeats)]
+        n = runs[0][0]
+        t = statistics.median(r[1] for r in runs)
+        rows.append([name, stages, items, n, t, n / t / 1e6])
+    print(table(["schedule", "S", "n", "actions", "median (s)", "M actions/s"], rows))
+    return 0
+
+
+# ---------------------------------------------------------------- real dense layers
+
+
+def _time_stage_compute(eng: Engine, rows: int, repeats: int = 50) -> tuple[float, float]:
+    """Median (t_F, t_B) of this rank's stage on one microbatch, measured in-process."""
+    import time
+
+    from .layers import backward_layers, forward_layers
+
+    st = eng.stage
+    g = np.random.default_rng(0)
+    x = g.standard_normal((rows, st.n_in))
+    params = st.views(st.flat)
+    grads = st.views(np.zeros(st.size))
+    tgt = g.standard_normal((rows, st.n_out))
+    tf, tb = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        y, caches = forward_layers(st.layers, x, params)
+        if st.is_last:
+            _, dy = st.head(y, tgt, 1.0)
+        t1 = time.perf_counter()
+        if not st.is_last:
+            dy = np.ones_like(y)
+        t2 = time.perf_counter()
+        backward_layers(st.layers, dy, caches, params, grads)
+        t3 = time.perf_counter()
+        tf.append(t1 - t0)
+        tb.append(t3 - t2)
+    return statistics.median(tf), statistics.median(tb)
+
+
+def dense_case(comm, width: int, mb: int, M: int, repeats: int, schedule: str = "gpipe"):
+    """One training step (weights variable) of a dense chain, one layer per rank.
+
+    Returns measured step time with timing on (wall clock) and off (no clock
+    reads), interleaved, and the model's prediction from in-process
+    per-stage compute times and the measured channel latency of one message.
+    """
+    import time
+
+    from mpi4py import MPI
+
+    spec = ModelSpec("dense", depth=comm.size, d_in=width, d_out=width, width=width, head="squared")
+    batch = random_batch(spec, M * mb)
+    engines = {
+        c: Engine(
+            comm,
+            spec,
+            batch,
+            "weights",
+            schedule,
+            samples=1,
+            microbatches=M,
+            clock=c,
+            wait="busy" if comm.size <= 2 else "auto",
+        )
+        for c in ("wall", "none")
+    }
+    point = engines["wall"].initial_point()
+    times = {"wall": [], "none": []}
+    for r in range(repeats + 2):
+        for c in ("wall", "none") if r % 2 == 0 else ("none", "wall"):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            engines[c].evaluate(point)
+            dt = np.array([time.perf_counter() - t0])
+            comm.Allreduce(MPI.IN_PLACE, [dt, MPI.DOUBLE], op=MPI.MAX)
+            if r >= 2:
+                times[c].append(float(dt[0]))
+    tf, tb = _time_stage_compute(engines["wall"], mb)
+    for e in engines.values():
+        e.close()
+    costs = np.array(comm.allgather((tf, tb)))
+    lat = _pingpong_channel_pair(comm, mb * width, 100)
+    predicted = simulate(
+        build(schedule, comm.size, M),
+        costs[:, 0].tolist(),
+        costs[:, 1].tolist(),
+        [[lat] * M] * (comm.size - 1),
+    ).makespan
+    on, off = statistics.median(times["wall"]), statistics.median(times["none"])
+    return {
+        "width": width,
+        "mb": mb,
+        "M": M,
+        "P": comm.size,
+        "measured_ms": on * 1e3,
+        "untimed_ms": off * 1e3,
+        "timing_cost": on / off - 1.0,
+        "model_ms": predicted * 1e3,
+        "efficiency": predicted / on,
+        "t_f_us": float(costs[:, 0].mean() * 1e6),
+        "t_b_us": float(costs[:, 1].mean() * 1e6),
+        "msg_us": lat * 1e6,
+    }
+
+
+def _pingpong_channel_pair(comm, n_doubles: int, iters: int) -> float:
+    """Median one-way latency between ranks 0 and 1 over Channels (others idle)."""
+    from .transport import Waiter
+
+    sub = comm.Split(0 if comm.rank < 2 else 1, comm.rank)
+    lat = 0.0
+    if comm.rank < 2 and sub.size == 2:
+        lat = _pingpong_channel(sub, n_doubles, iters, Waiter("auto", comm.size))
+    sub.Free()
+    return float(comm.bcast(lat, root=0))
+
+
+def bench_dense(comm, widths, mbs, Ms, repeats: int) -> int:
+    rows = []
+    for w in widths:
+        for mb in mbs:
+            for M in Ms:
+                rows.append(dense_case(comm, w, mb, M, repeats))
+    if comm.rank == 0:
+        print("command: hpcpipe " + " ".join(sys.argv[1:]))
+        print(machine_line(comm))
+        print(
+            f"GPipe training step of a dense chain (one layer per rank, float64), median of "
+            f"{repeats}, timing on/off interleaved; model = simulator with in-process "
+            "per-stage compute times and the measured one-message channel latency"
+        )
+        keys = [
+            "P",
+            "width",
+            "mb",
+            "M",
+            "measured_ms",
+            "untimed_ms",
+            "timing_cost",
+            "model_ms",
+            "efficiency",
+            "t_f_us",
+            "t_b_us",
+            "msg_us",
+        ]
+        print(
+            table(
+                [
+                    "P",
+                    "width",
+                    "mb",
+                    "M",
+                    "step (ms)",
+                    "untimed (ms)",
+                    "timing cost",
+                    "model (ms)",
+                    "efficiency",
+                    "t_F (us)",
+                    "t_B (us)",
+                    "msg (us)",
+                ],
+                [[r[k] for k in keys] for r in rows],
+            )
+        )
+    return 0

@@ -300,14 +300,25 @@ def cmd_plot(args) -> int:
 def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
     import os
 
+    if args.case == "simulate":
+        from .bench import bench_simulate
+
+        return bench_simulate(args.repeats)
     if not os.environ.get(INSIDE):
-        return _relaunch(args.np, _strip_np(argv))
+        np_ = args.np or (2 if args.case in ("transport", "dense") else 4)
+        return _relaunch(np_, _strip_np(argv))
 
     def body(comm):
-        from .bench import bench_pipeline
+        from . import bench
 
         ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
-        return bench_pipeline(
+        if args.case == "transport":
+            return bench.bench_transport(comm, args.max_bytes, args.iters, args.wait)
+        if args.case == "dense":
+            return bench.bench_dense(
+                comm, ints(args.width), ints(args.mb), ints(args.micro), args.repeats
+            )
+        return bench.bench_pipeline(
             comm,
             ints(args.depth),
             ints(args.samples),
@@ -373,8 +384,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_plot)
 
     s = sub.add_parser("bench", help="benchmark cases that print figures")
-    s.add_argument("case", choices=["pipeline"])
-    s.add_argument("--np", type=int, default=4)
+    s.add_argument("case", choices=["pipeline", "dense", "transport", "simulate"])
+    s.add_argument("--width", default="64", help="dense: comma-separated widths")
+    s.add_argument("--mb", default="8", help="dense: rows per microbatch")
+    s.add_argument("--micro", default="16", help="dense: microbatches M")
+    s.add_argument("--np", type=int, default=0, help="ranks (pipeline 4, transport 2)")
+    s.add_argument("--max-bytes", type=int, default=4 << 20, help="transport: largest size")
+    s.add_argument("--iters", type=int, default=200, help="transport: ping-pongs per size")
+    s.add_argument("--wait", default="busy", help="transport: wait policy of the channel")
     s.add_argument("--depth", default="4", help="comma-separated depths (>= ranks)")
     s.add_argument("--samples", default="16", help="comma-separated K")
     s.add_argument("--layer-time", type=float, default=0.01, help="seconds per layer")

@@ -25,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import rng, schedules
-from .clocks import CostModel, ModelClock, WallClock, align_wall_clocks
+from .clocks import CostModel, ModelClock, NoClock, WallClock, align_wall_clocks
 from .layers import backward_layers, forward_layers
 from .model import (
     VARIABLES,
@@ -114,12 +114,14 @@ class Engine:
         self.waiter = Waiter(wait, self.size, timeout=timeout)
         if clock == "model":
             self.clock = ModelClock.for_stage(costs or CostModel.uniform(spec.depth, 0.0), lo, hi)
+        elif clock == "none":
+            self.clock = NoClock()
         elif clock == "wall":
             self.clock = WallClock(
                 align_wall_clocks(comm) if self.size > 1 else time.perf_counter()
             )
         else:
-            raise ValueError(f"clock {clock!r}: choose wall or model")
+            raise ValueError(f"clock {clock!r}: choose wall, model or none")
         self.events = np.zeros((len(self.codes), 3))
         tub = comm.Get_attr(MPI.TAG_UB)
         if tub is not None and 2 * self.n_items + 1 > tub:
@@ -169,6 +171,37 @@ class Engine:
         else:
             time.sleep(self.layer_time)
 
+    def _prepare(self) -> None:
+        """Per-item views and slices that do not change between calls (built once)."""
+        st, M = self.stage, self.microbatches
+        self._items = [
+            (i // M, self.rows[i % M][0], self.rows[i % M][1]) for i in range(self.n_items)
+        ]
+        bx, bt = self.batch.x, self.batch.targets
+        self._x_rows = [bx[r0:r1] for r0, r1 in self.rows]
+        self._t_rows = [bt[r0:r1] for r0, r1 in self.rows]
+
+        def views(ch):
+            if ch is None:
+                return None, None
+            return (
+                [ch.payload(i) for i in range(self.n_items)],
+                [ch.slots[i] for i in range(self.n_items)],
+            )
+
+        self._rf, self._rf_slot = views(self.recv_f)
+        self._rb, self._rb_slot = views(self.recv_b)
+        self._sf, self._sf_slot = views(self.send_f)
+        self._sb, self._sb_slot = views(self.send_b)
+        self._point = np.zeros(self.local_size)
+        self._grad = np.zeros(self.local_size)
+        if self.variable == "weights":
+            self._point_views = st.views(self._point)
+            self._grad_views = st.views(self._grad)
+        else:
+            self._point_views = st.views(st.flat)
+            self._grad_views = None
+
     def evaluate(
         self, point: np.ndarray, gamma: float = 0.0, call: int = 0, reduce: str = "mean"
     ) -> OracleResult:
@@ -179,29 +212,43 @@ class Engine:
             )
         if reduce not in ("mean", "sum"):
             raise ValueError(f"reduce {reduce!r}: choose mean or sum")
+        if not hasattr(self, "_items"):
+            self._prepare()
         st, M, m = self.stage, self.microbatches, self.batch.m
+        first, last = st.is_first, st.is_last
+        layers, head = st.layers, st.head
         weights_var = self.variable == "weights"
-        input_var = self.variable == "input" and st.is_first
-        grad = np.zeros(self.local_size)
-        gviews = st.views(grad) if weights_var else None
-        base = st.views(point) if weights_var else st.views(st.flat)
+        input_var = self.variable == "input" and first
+        np.copyto(self._point, point)
+        point = self._point
+        grad = self._grad
+        grad[:] = 0.0
+        gviews = self._grad_views
+        base = self._point_views
         delta = point.reshape(m, self.spec.d_in) if input_var else None
         gdelta = grad.reshape(m, self.spec.d_in) if input_var else None
         params: dict[int, list] = {}
         inputs: dict[int, np.ndarray] = {}
-        left = {}
+        left: dict[int, int] = {}
         caches: dict[int, list] = {}
         seeds: dict[int, np.ndarray] = {}
         clock, ev, waiter = self.clock, self.events, self.waiter
-        self.item_losses[:] = 0.0
+        now, receive, compute = clock.now, clock.receive, clock.compute
+        watch = waiter.timeout > 0
+        emulate = self.layer_time > 0
+        items, x_rows, t_rows = self._items, self._x_rows, self._t_rows
+        rf, rf_slot, rb, rb_slot = self._rf, self._rf_slot, self._rb, self._rb_slot
+        sf, sf_slot, sb, sb_slot = self._sf, self._sf_slot, self._sb, self._sb_slot
+        item_losses = self.item_losses
+        item_losses[:] = 0.0
+        inv_m = 1.0 / m
         clock.reset()
         MPI.Prequest.Startall(self._recvs)
-        t_first = clock.now()
+        t_first = now()
         for idx, code in enumerate(self.codes):
             i = code >> 1
-            k, j = divmod(i, M)
-            r0, r1 = self.rows[j]
-            ev[idx, EV_WAIT] = clock.now()
+            k, r0, r1 = items[i]
+            ev[idx, EV_WAIT] = now()
             if code & 1 == 0:  # forward of item i
                 if k not in params:
                     if weights_var and gamma != 0.0:
@@ -216,75 +263,79 @@ class Engine:
                                 self.seed, call, rng.INPUT_PARAM_ID, k, x0.shape
                             )
                         inputs[k] = x0
-                if st.is_first:
-                    x = inputs[k][r0:r1] if input_var else self.batch.x[r0:r1]
+                if first:
+                    x = inputs[k][r0:r1] if input_var else x_rows[i % M]
                 else:
                     req = self.recv_f.requests[i]
-                    if waiter.timeout:
+                    if watch:
                         waiter.wait(
                             req,
-                            f"rank {self.rank} waits for the activation of item {i} "
-                            f"from rank {self.rank - 1} (call {call})",
+                            f"rank {self.rank} waits for the activation of item "
+                            f"{i} from rank {self.rank - 1} (call {call})",
                         )
                     else:
                         waiter.wait(req)
-                    clock.receive(self.recv_f.stamp(i), self.recv_f.nbytes(i))
-                    x = self.recv_f.payload(i)
-                ev[idx, EV_READY] = clock.now()
-                y, caches[i] = forward_layers(st.layers, x, params[k])
-                if st.is_last:
-                    loss, dz = st.head(y, self.batch.targets[r0:r1], 1.0 / m)
-                    self.item_losses[i] = loss
+                    receive(rf_slot[i][-1], self.recv_f.nbytes(i))
+                    x = rf[i]
+                ev[idx, EV_READY] = now()
+                y, caches[i] = forward_layers(layers, x, params[k])
+                if last:
+                    loss, dz = head(y, t_rows[i % M], inv_m)
+                    item_losses[i] = loss
                     seeds[i] = dz
-                self._emulate()
-                clock.compute("F")
-                t_end = clock.now()
-                if not st.is_last:
-                    ch = self.send_f
-                    ch.payload(i)[...] = y
-                    ch.slots[i][-1] = t_end
-                    ch.requests[i].Start()
+                if emulate:
+                    self._emulate()
+                compute("F")
+                t_end = now()
+                if not last:
+                    np.copyto(sf[i], y)
+                    sf_slot[i][-1] = t_end
+                    self.send_f.requests[i].Start()
             else:  # backward of item i
-                if st.is_last:
+                if last:
                     dy = seeds.pop(i)
                 else:
-                    if waiter.timeout:
+                    req = self.recv_b.requests[i]
+                    if watch:
                         waiter.wait(
-                            self.recv_b.requests[i],
-                            f"rank {self.rank} waits for the "
-                            f"gradient of item {i} from rank {self.rank + 1} (call {call})",
+                            req,
+                            f"rank {self.rank} waits for the gradient of item "
+                            f"{i} from rank {self.rank + 1} (call {call})",
                         )
                     else:
-                        waiter.wait(self.recv_b.requests[i])
-                    clock.receive(self.recv_b.stamp(i), self.recv_b.nbytes(i))
-                    dy = self.recv_b.payload(i)
-                ev[idx, EV_READY] = clock.now()
-                dx = backward_layers(st.layers, dy, caches.pop(i), params[k], gviews)
+                        waiter.wait(req)
+                    receive(rb_slot[i][-1], self.recv_b.nbytes(i))
+                    dy = rb[i]
+                ev[idx, EV_READY] = now()
+                dx = backward_layers(layers, dy, caches.pop(i), params[k], gviews)
                 if input_var:
                     gdelta[r0:r1] += dx
-                self._emulate()
-                clock.compute("B")
-                t_end = clock.now()
-                if not st.is_first:
-                    ch = self.send_b
-                    ch.payload(i)[...] = dx
-                    ch.slots[i][-1] = t_end
-                    ch.requests[i].Start()
+                if emulate:
+                    self._emulate()
+                compute("B")
+                t_end = now()
+                if not first:
+                    np.copyto(sb[i], dx)
+                    sb_slot[i][-1] = t_end
+                    self.send_b.requests[i].Start()
                 left[k] -= 1
                 if left[k] == 0:
                     del params[k], left[k]
                     inputs.pop(k, None)
             ev[idx, EV_END] = t_end
-        waiter.waitall(self._sends, f"rank {self.rank}'s sends of call {call} to complete")
+        if watch:
+            waiter.waitall(self._sends, f"rank {self.rank}'s sends of call {call} to complete")
+        else:
+            waiter.waitall(self._sends)
         if reduce == "mean":
             grad /= self.samples
         comm = self.comm
         if self.size > 1:
-            comm.Bcast([self.item_losses, MPI.DOUBLE], root=self.size - 1)
+            comm.Bcast([item_losses, MPI.DOUBLE], root=self.size - 1)
             self._tbuf[0], self._tbuf[1] = -t_first, ev[-1, EV_END] if len(ev) else t_first
             comm.Allreduce(MPI.IN_PLACE, [self._tbuf, MPI.DOUBLE], op=MPI.MAX)
             elapsed = self._tbuf[1] + self._tbuf[0]
         else:
             elapsed = (ev[-1, EV_END] if len(ev) else t_first) - t_first
-        losses = self.item_losses.reshape(self.samples, M).sum(axis=1)
-        return OracleResult(losses, self.item_losses.copy(), grad, float(elapsed))
+        losses = item_losses.reshape(self.samples, M).sum(axis=1)
+        return OracleResult(losses, item_losses.copy(), grad.copy(), float(elapsed))

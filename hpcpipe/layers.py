@@ -15,7 +15,32 @@ from typing import Any
 
 import numpy as np
 
+try:  # in-place GEMM accumulate C += A B (no temporary of the weight's size)
+    from scipy.linalg.blas import dgemm as _dgemm
+except ImportError:  # pragma: no cover
+    _dgemm = None
+
 Array = np.ndarray
+
+
+def accumulate_outer(gw: Array, x: Array, dy: Array) -> None:
+    """gw += xᵀ dy in place.
+
+    With BLAS dgemm on gwᵀ (Fortran order, beta = 1) the product is added
+    into gw directly: for a (1024, 1024) weight and one row this is a rank-1
+    update instead of a 8 MB temporary plus an add (about 10x faster).
+    """
+    if (
+        _dgemm is not None
+        and gw.dtype == np.float64
+        and gw.flags.c_contiguous
+        and x.dtype == np.float64
+        and dy.dtype == np.float64
+    ):
+        xc, dyc = np.ascontiguousarray(x), np.ascontiguousarray(dy)
+        _dgemm(1.0, dyc.T, xc.T, beta=1.0, c=gw.T, trans_b=1, overwrite_c=1)
+    else:
+        gw += x.T @ dy
 
 
 class Layer:
@@ -75,7 +100,7 @@ class Dense(Layer):
         w, _ = params
         if grads is not None:
             gw, gb = grads
-            gw += cache.T @ dy
+            accumulate_outer(gw, cache, dy)
             gb += dy.sum(axis=0)
         return dy @ w.T
 
