@@ -44,4 +44,6 @@ def mpiexec_command(n: int, args: list[str], mpiexec: str | None = None) -> list
     cmd = [exe, "-n", str(n)]
     if is_open_mpi(exe):
         cmd.append("--oversubscribe")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")  # containers and CI often run as root
     return cmd + [sys.executable] + args
