@@ -331,6 +331,40 @@ def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
     return _under_mpi(body)
 
 
+def cmd_sweep(args, extra: list[str], argv: list[str]) -> int:
+    import os
+
+    from .sweep import describe, load_sweep, main_inside
+
+    try:
+        sweep = load_sweep(args.sweep, args.out)
+    except ConfigError as e:
+        print(f"hpcpipe: config error: {e}", file=sys.stderr)
+        return 2
+    indices = None
+    if args.point is not None:
+        if not 0 <= args.point < len(sweep.points):
+            print(
+                f"hpcpipe: --point {args.point}: the sweep has points 0..{len(sweep.points) - 1}",
+                file=sys.stderr,
+            )
+            return 2
+        indices = [args.point]
+    if args.list:
+        describe(sweep)
+        return 0
+    ranks = max(sweep.points[i].ranks for i in (indices or range(len(sweep.points))))
+    if not os.environ.get(INSIDE) and not args.inside:
+        return _relaunch(args.np or ranks, ["sweep", *_strip_np(argv[1:]), "--inside"])
+    return _under_mpi(lambda comm: main_inside(comm, args.sweep, args.out, indices))
+
+
+def cmd_analyze(args, extra: list[str], argv: list[str]) -> int:
+    from .analysis.report import main as analyze
+
+    return analyze(extra)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcpipe", description=__doc__)
     p.add_argument("--version", action="version", version=f"hpcpipe {__version__}")
@@ -349,6 +383,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--every", type=int, default=0, help="print every N-th iteration row")
     s.add_argument("--resume", metavar="FILE", help="continue an incomplete result file")
     s.set_defaults(func=cmd_run, takes_extra=True)
+
+    s = sub.add_parser("sweep", help="run a grid of configurations, one HDF5 file per point")
+    s.add_argument("sweep", help="sweep file (TOML)")
+    s.add_argument("--out", help="results directory (default: the file's [sweep] out)")
+    s.add_argument("--point", type=int, help="run only this grid point (Slurm array task)")
+    s.add_argument("--list", action="store_true", help="list the points and their state")
+    s.add_argument("--np", type=int, default=0, help="ranks of the launch (default: largest)")
+    s.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    s.set_defaults(func=cmd_sweep, takes_extra=True)
+
+    s = sub.add_parser(
+        "analyze", help="scaling studies and report from result directories", add_help=False
+    )
+    s.set_defaults(func=cmd_analyze, takes_extra=True)
 
     s = sub.add_parser("validate", help="check a configuration without running it")
     s.add_argument("config", nargs="?", help="TOML file; --key value overrides")

@@ -60,6 +60,7 @@ class RunConfig:
     eval_every: int = 1
     diverge_factor: float = 1e3
     output: str = ""  # HDF5 result file ("" : print the table only)
+    tag: str = ""  # free label stored with the result (sweeps: the study it belongs to)
     flush_every: int = 10  # iterations between HDF5 flushes
     timeline_limit: int = 50  # record every action of the first N iterations ...
     timeline_every: int = 10  # ... then of every N-th iteration

@@ -34,7 +34,7 @@ COLUMNS = (
     "gap",
     "grad_norm",
     "step",
-    "model_time",
+    "pipeline_time",
     "wall_time",
 )
 
@@ -94,7 +94,7 @@ class Progress:
                 bar = "#" * int(30 * frac)
                 sys.stderr.write(
                     f"\r{self.label} [{bar:<30}] {it}/{self.total} "
-                    f"loss {loss:.4g} t_model {mtime:.4g}"
+                    f"loss {loss:.4g} pipeline time {mtime:.4g}"
                 )
                 sys.stderr.flush()
                 self.last = now
@@ -103,7 +103,7 @@ class Progress:
         elif force or now - self.last > 10.0:
             sys.stderr.write(
                 f"{self.label}: iteration {it}/{self.total} loss {loss:.6g} "
-                f"model time {mtime:.6g} wall {now - self.t0:.1f}s\n"
+                f"pipeline time {mtime:.6g} wall {now - self.t0:.1f}s\n"
             )
             sys.stderr.flush()
             self.last = now

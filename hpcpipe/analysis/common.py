@@ -1,0 +1,131 @@
+"""What the studies share: records from result files, fits, verdicts."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..results import Result, load_dir
+
+
+@dataclass
+class Record:
+    """The numbers of one result file a study needs."""
+
+    file: str
+    config: dict
+    method: dict
+    problem: dict
+    status: str
+    it: dict[str, np.ndarray]
+    n_ranks: int
+    info: dict
+
+    @property
+    def per_iteration_time(self) -> np.ndarray:
+        """Pipeline time of each iteration's oracle call (diff of the cumulative column)."""
+        t = self.it["pipeline_time"]
+        return np.diff(np.concatenate([[0.0], t]))
+
+    @property
+    def iteration_time(self) -> float:
+        """Median per-iteration pipeline time, without the first call (one-time setup)."""
+        d = self.per_iteration_time
+        return float(np.median(d[1:] if len(d) > 1 else d))
+
+    def first_reach(self, eps: float) -> tuple[float, float]:
+        """(iterations, pipeline time) at the first iterate with f − f* <= eps; NaN if never."""
+        gap = self.it["gap"]
+        hit = np.flatnonzero(np.isfinite(gap) & (gap <= eps))
+        if hit.size == 0:
+            return math.nan, math.nan
+        i = int(hit[0])
+        return float(self.it["iteration"][i]), float(self.it["pipeline_time"][i])
+
+
+def record(r: Result) -> Record:
+    return Record(
+        file=r.path.name,
+        config=r.config,
+        method=json.loads(r.attrs.get("method", "{}")),
+        problem=json.loads(r.attrs.get("problem", "{}")),
+        status=r.status,
+        it=r.iterations,
+        n_ranks=int(r.attrs.get("n_ranks", 1)),
+        info=r.info,
+    )
+
+
+def load_records(directory: str | Path, warn=None) -> list[Record]:
+    return [record(r) for r in load_dir(directory, warn=warn)]
+
+
+@dataclass
+class Verdict:
+    study: str
+    claim: str
+    bound: str
+    measured: str
+    ok: bool | None  # None: reported, not a bound (e.g. a paper claim)
+    files: list[str]
+    kind: str = "bound"  # "bound" rows set the exit status; "claim" rows do not
+
+    @property
+    def word(self) -> str:
+        if self.ok is None:
+            return "reported"
+        if self.kind == "claim":
+            return "reproduced" if self.ok else "not reproduced"
+        return "within bound" if self.ok else "VIOLATED"
+
+
+@dataclass
+class StudyResult:
+    name: str
+    verdicts: list[Verdict] = field(default_factory=list)
+    tables: list[tuple[str, list[str], list[list]]] = field(default_factory=list)
+    figures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def linfit(x, y) -> tuple[float, float, float]:
+    """Least squares y = a·x + b; returns (a, b, R²)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    A = np.column_stack([x, np.ones_like(x)])
+    (a, b), *_ = np.linalg.lstsq(A, y, rcond=None)
+    ss = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float(((y - (a * x + b)) ** 2).sum()) / ss if ss > 0 else 1.0
+    return float(a), float(b), r2
+
+
+def loglog_slope(x, y, boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Slope of log y on log x, with a 95% bootstrap interval (resampling points)."""
+    lx, ly = np.log(np.asarray(x, float)), np.log(np.asarray(y, float))
+    slope = float(np.polyfit(lx, ly, 1)[0])
+    g = np.random.default_rng(seed)
+    n = len(lx)
+    sl = []
+    for _ in range(boot):
+        idx = g.integers(0, n, n)
+        if np.ptp(lx[idx]) == 0:
+            continue
+        sl.append(np.polyfit(lx[idx], ly[idx], 1)[0])
+    lo, hi = np.percentile(sl, [2.5, 97.5]) if sl else (math.nan, math.nan)
+    return slope, float(lo), float(hi)
+
+
+def figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def files_of(recs) -> list[str]:
+    return sorted(r.file for r in recs)

@@ -1,0 +1,139 @@
+"""Study 2: time to reach ε against depth Δ for GD, AGD and PPRS (theory settings).
+
+Bounds' depth terms (pipeline time in τ units, m = 1, one layer per stage,
+an iteration of K samples costs 2(K + Δ − 1)τ with GPipe):
+
+* PPRS:  T = ⌈8LR d^(1/4)/ε⌉ iterations → slope in Δ of at most 2T,
+         the (RL/ε)·Δ·d^(1/4) term;
+* GD:    T = ⌈(RL/ε)²⌉ → slope at most 2T, the (RL/ε)²·Δ term;
+* lower bound: Ω((RL/ε)·Δ) — constant unknown, the ratio is reported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from .common import StudyResult, Verdict, figure, files_of, linfit
+
+NAME = "depth"
+
+
+def applicable(r) -> bool:
+    return (
+        r.config.get("mode") == "theory"
+        and r.problem.get("name") in ("l1-chain", "max-chain")
+        and r.config.get("optimizer") in ("gd", "agd", "pprs")
+    )
+
+
+def study(records, outdir: Path) -> StudyResult:
+    res = StudyResult(NAME)
+    recs = [r for r in records if applicable(r)]
+    if not recs:
+        return res
+    groups = defaultdict(list)
+    for r in recs:
+        key = (r.problem["name"], r.config["optimizer"], r.config["epsilon"], r.config["dim"])
+        groups[key].append(r)
+    rows = []
+    plt = figure()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    times = {}
+    for (prob, opt, eps, d), g in sorted(groups.items()):
+        g = sorted(g, key=lambda r: r.config["depth"])
+        depth = np.array([r.config["depth"] for r in g], float)
+        reach = [r.first_reach(eps) for r in g]
+        t = np.array([x[1] for x in reach])
+        L, R = g[0].problem["L"], g[0].problem["R"]
+        for r, (k, tt) in zip(g, reach):
+            rows.append([r.file, prob, opt, int(r.config["depth"]), eps, k, tt])
+            times[(prob, opt, eps, d, int(r.config["depth"]))] = tt
+        reached = np.isfinite(t)
+        if opt in ("gd", "pprs"):
+            res.verdicts.append(
+                Verdict(
+                    NAME,
+                    f"{opt} on {prob} reaches eps = {eps:g} (theory settings)",
+                    "every depth reaches f - f* <= eps",
+                    f"{int(reached.sum())}/{len(g)} reached",
+                    bool(reached.all()),
+                    files_of(g),
+                )
+            )
+        if reached.sum() < 2 or np.ptp(depth[reached]) == 0:
+            continue
+        slope, icpt, r2 = linfit(depth[reached], t[reached])
+        rl = R * L / eps
+        if opt == "pprs":
+            bound = 2 * math.ceil(8 * L * R * d**0.25 / eps)
+            what = f"(RL/eps)*d^(1/4) term: slope <= 2*ceil(8LR d^(1/4)/eps) = {bound}"
+        elif opt == "gd":
+            bound = 2 * math.ceil(rl**2)
+            what = f"(RL/eps)^2 term: slope <= 2*ceil((RL/eps)^2) = {bound}"
+        else:
+            bound = None
+            what = "no upper bound for AGD on non-smooth f"
+        res.verdicts.append(
+            Verdict(
+                NAME,
+                f"{opt} on {prob}: time to eps grows linearly in depth",
+                what,
+                f"slope {slope:.4g} (R^2 {r2:.3f}); slope/(RL/eps) = {slope / rl:.3g} "
+                "(lower bound: Omega(1))",
+                None if bound is None else bool(slope <= bound),
+                files_of(g),
+            )
+        )
+        ax.plot(depth[reached], t[reached], "o-", label=f"{opt} {prob}")
+    ax.set_xlabel("depth")
+    ax.set_ylabel("pipeline time to eps (tau)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = outdir / "depth.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    res.figures.append(path.name)
+    res.tables.append(
+        (
+            "time to eps",
+            ["file", "problem", "optimizer", "depth", "eps", "iterations", "pipeline time"],
+            rows,
+        )
+    )
+    # PPRS over GD speed-up as the depth grows
+    sp = []
+    for (prob, opt, eps, d, depth_), tg in times.items():
+        if opt != "gd":
+            continue
+        tp = times.get((prob, "pprs", eps, d, depth_))
+        if tp and math.isfinite(tp) and math.isfinite(tg):
+            sp.append((prob, depth_, tg / tp))
+    if sp:
+        for prob in sorted({p for p, _, _ in sp}):
+            pts = sorted((dd, s) for p, dd, s in sp if p == prob)
+            res.tables.append(
+                (
+                    f"PPRS over GD speed-up, {prob}",
+                    ["depth", "time GD / time PPRS"],
+                    [list(x) for x in pts],
+                )
+            )
+            if len(pts) >= 2:
+                grows = pts[-1][1] > pts[0][1]
+                res.verdicts.append(
+                    Verdict(
+                        NAME,
+                        f"PPRS speed-up over GD grows with depth ({prob})",
+                        "paper: near-linear speed-up in depth",
+                        ", ".join(f"depth {dd}: {s:.3g}x" for dd, s in pts),
+                        grows,
+                        files_of([r for r in recs if r.problem["name"] == prob]),
+                        kind="claim",
+                    )
+                )
+    return res

@@ -1,0 +1,101 @@
+"""Run every study whose data are present and write report.md with its figures.
+
+Exit status 1 when a bound is violated (a "VIOLATED" row), 0 otherwise;
+paper-claim rows are reported as reproduced or not and do not fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import depth, dimension, paper, pipeline_time, smooth
+from .common import StudyResult, load_records
+
+STUDIES = {m.NAME: m for m in (pipeline_time, depth, dimension, smooth, paper)}
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def write_report(results: list[StudyResult], outdir: Path, sources: list[str]) -> Path:
+    lines = [
+        "# hpcpipe scaling report",
+        "",
+        f"Results read from: {', '.join(sources)}",
+        "",
+        "| study | claim | bound | measured | verdict | files |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for res in results:
+        for v in res.verdicts:
+            files = ", ".join(v.files[:6]) + (
+                f" (+{len(v.files) - 6} more)" if len(v.files) > 6 else ""
+            )
+            lines.append(
+                f"| {v.study} | {v.claim} | {v.bound} | {v.measured} | **{v.word}** | {files} |"
+            )
+    for res in results:
+        lines += ["", f"## {res.name}", ""]
+        lines += [f"- {n}" for n in res.notes]
+        for fig in res.figures:
+            lines += [f"![{res.name}]({fig})", ""]
+        for title, head, rows in res.tables:
+            lines += [
+                f"### {title}",
+                "",
+                "| " + " | ".join(head) + " |",
+                "|" + " --- |" * len(head),
+            ]
+            lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+            lines.append("")
+    path = outdir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def analyse(
+    dirs: list[str], outdir: str | Path, only: list[str] | None = None, warn=None
+) -> tuple[list[StudyResult], Path]:
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    records = []
+    for d in dirs:
+        records += load_records(d, warn=warn)
+    results = []
+    for name, mod in STUDIES.items():
+        if only and name not in only:
+            continue
+        tagged = [r for r in records if r.config.get("tag") == name]
+        res = mod.study(tagged, outdir)
+        if res.verdicts or res.tables:
+            results.append(res)
+    return results, write_report(results, outdir, dirs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hpcpipe analyze", description=__doc__)
+    p.add_argument("dirs", nargs="+", help="directories of result files (searched recursively)")
+    p.add_argument("-o", "--out", default="report", help="report directory")
+    p.add_argument(
+        "--study", action="append", choices=sorted(STUDIES), help="only these studies (repeatable)"
+    )
+    args = p.parse_args(argv)
+    results, path = analyse(args.dirs, args.out, args.study)
+    bad = [v for r in results for v in r.verdicts if v.kind == "bound" and v.ok is False]
+    n = sum(len(r.verdicts) for r in results)
+    print(f"wrote {path}: {len(results)} studies, {n} verdict rows, {len(bad)} bounds violated")
+    for v in bad:
+        print(f"VIOLATED [{v.study}] {v.claim}: {v.measured} (bound: {v.bound})")
+    if not results:
+        print("no study found its data (set `tag` in the sweep files to the study name)")
+        return 2
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

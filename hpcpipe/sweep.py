@@ -1,0 +1,221 @@
+"""Sweeps: a grid of run configurations, one HDF5 file per point.
+
+A sweep file (TOML) has
+
+    [sweep]  name, out (directory), ranks (an int, or "depth": a point asks for Δ ranks)
+    [base]   settings shared by every point (any run key)
+    [grid]   key = [values, ...]: the cartesian product of these
+    [[cases]] optional list of tables, each a labelled set of settings (label = "...");
+             the points are cases × grid
+
+Point i writes ``<out>/<i:04d>-<label>.h5``. Running a sweep skips points
+whose file is complete (or diverged: that is a result), resumes points left
+incomplete, and runs the rest; so re-running a sweep (or re-submitting a
+Slurm array) finishes what is missing. Locally all points run inside one
+``mpiexec`` launch, each on a sub-communicator of the ranks it needs; idle
+ranks wait without spinning.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import ConfigError, RunConfig, make_config, tomllib, validate
+
+
+@dataclass
+class Point:
+    index: int
+    label: str
+    values: dict
+    path: Path
+    ranks: int
+
+    def config(self) -> RunConfig:
+        return make_config({**self.values, "output": ""})
+
+
+@dataclass
+class Sweep:
+    name: str
+    out: Path
+    points: list[Point]
+    source: str
+
+    @property
+    def max_ranks(self) -> int:
+        return max(p.ranks for p in self.points)
+
+
+def _slug(v) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]", "_", str(v))
+
+
+def load_sweep(path: str | Path, out: str | None = None) -> Sweep:
+    """Read and validate every point of a sweep file (ConfigError naming the point)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"sweep file {str(path)!r} does not exist")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"sweep file {str(path)!r} is not valid TOML: {e}") from None
+    unknown = set(data) - {"sweep", "base", "grid", "cases"}
+    if unknown:
+        raise ConfigError(
+            f"sweep file {path}: unknown table(s) {sorted(unknown)}; "
+            "use [sweep], [base], [grid], [[cases]]"
+        )
+    head = data.get("sweep", {})
+    name = str(head.get("name", p.stem))
+    outdir = Path(out or head.get("out", f"results/{name}"))
+    ranks = head.get("ranks", 1)
+    base = data.get("base", {})
+    grid = data.get("grid", {})
+    for k, v in grid.items():
+        if not isinstance(v, list) or not v:
+            raise ConfigError(f"sweep file {path}: grid.{k} must be a non-empty list")
+    cases = data.get("cases", [{}])
+    keys = list(grid)
+    points = []
+    for ci, case in enumerate(cases):
+        case = dict(case)
+        clabel = str(case.pop("label", "" if len(cases) == 1 else f"case{ci}"))
+        for combo in itertools.product(*(grid[k] for k in keys)):
+            values = {**base, **case, **dict(zip(keys, combo))}
+            idx = len(points)
+            parts = ([clabel] if clabel else []) + [f"{k}={_slug(v)}" for k, v in zip(keys, combo)]
+            label = "-".join(parts) or "point"
+            try:
+                cfg = make_config({**values, "output": ""})
+                n = cfg.depth if ranks == "depth" else int(ranks)
+                validate(cfg, n, check_output=False)
+            except (ConfigError, ValueError) as e:
+                raise ConfigError(f"sweep {name}, point {idx} ({label}): {e}") from None
+            points.append(Point(idx, label, values, outdir / f"{idx:04d}-{label}.h5", n))
+    return Sweep(name, outdir, points, str(p))
+
+
+def point_state(pt: Point) -> str:
+    """'missing', 'complete', 'diverged', 'incomplete' or 'unreadable' for a point's file."""
+    from .results import ResultsError, load
+
+    if not pt.path.exists():
+        return "missing"
+    try:
+        return load(pt.path).status
+    except ResultsError:
+        return "unreadable"
+
+
+def write_grid(sweep: Sweep) -> Path:
+    """The resolved grid as JSON next to the results (and the job scripts)."""
+    sweep.out.mkdir(parents=True, exist_ok=True)
+    path = sweep.out / "grid.json"
+    path.write_text(
+        json.dumps(
+            {
+                "name": sweep.name,
+                "source": sweep.source,
+                "points": [
+                    {
+                        "index": p.index,
+                        "label": p.label,
+                        "ranks": p.ranks,
+                        "file": p.path.name,
+                        "config": p.values,
+                    }
+                    for p in sweep.points
+                ],
+            },
+            indent=1,
+            default=str,
+        )
+    )
+    return path
+
+
+def _idle_barrier(comm) -> None:
+    """A barrier that sleeps while it waits, so idle oversubscribed ranks do not spin."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.002)
+
+
+def run_points(comm, sweep: Sweep, indices: list[int] | None = None, log=print) -> dict:
+    """Run the selected points (all by default) on this communicator; returns counts."""
+    from mpi4py import MPI
+
+    from .runner import run
+
+    todo = [sweep.points[i] for i in (indices if indices is not None else range(len(sweep.points)))]
+    counts = {"ran": 0, "resumed": 0, "skipped": 0}
+    for pt in todo:
+        state = comm.bcast(point_state(pt) if comm.rank == 0 else None, root=0)
+        if state in ("complete", "diverged", "failed", "unreadable"):
+            counts["skipped"] += 1
+            if comm.rank == 0:
+                why = "unreadable file, left as it is" if state == "unreadable" else state
+                log(f"[{sweep.name}] point {pt.index} {pt.label}: skipped ({why})")
+            continue
+        if pt.ranks > comm.size:
+            raise ConfigError(f"point {pt.index} needs {pt.ranks} ranks, the job has {comm.size}")
+        if comm.rank == 0:
+            pt.path.parent.mkdir(parents=True, exist_ok=True)
+        sub = comm.Split(0 if comm.rank < pt.ranks else MPI.UNDEFINED, comm.rank)
+        t0 = time.perf_counter()
+        status = None
+        if sub != MPI.COMM_NULL:
+            cfg = make_config({**pt.values, "output": str(pt.path) if state == "missing" else ""})
+            if state == "incomplete":
+                import dataclasses
+
+                cfg = dataclasses.replace(cfg, output=str(pt.path))
+            res = run(
+                cfg,
+                sub,
+                label=f"point {pt.index}",
+                resume=str(pt.path) if state == "incomplete" else None,
+            )
+            status = res.status
+            sub.Free()
+        _idle_barrier(comm)
+        status = comm.bcast(status, root=0)
+        counts["resumed" if state == "incomplete" else "ran"] += 1
+        if comm.rank == 0:
+            log(
+                f"[{sweep.name}] point {pt.index} {pt.label}: {status} "
+                f"({time.perf_counter() - t0:.1f} s, {pt.ranks} ranks) -> {pt.path}"
+            )
+        if status == "incomplete":  # a signal stopped it: stop the sweep too
+            break
+    return counts
+
+
+def main_inside(comm, path: str, out: str | None, indices: list[int] | None) -> int:
+    sweep = load_sweep(path, out)
+    if comm.rank == 0:
+        write_grid(sweep)
+    counts = run_points(comm, sweep, indices, log=lambda m: print(m, flush=True))
+    if comm.rank == 0:
+        states = [point_state(p) for p in sweep.points]
+        done = sum(s in ("complete", "diverged") for s in states)
+        print(
+            f"[{sweep.name}] {counts['ran']} ran, {counts['resumed']} resumed, "
+            f"{counts['skipped']} skipped; {done}/{len(states)} points finished "
+            f"in {sweep.out}",
+            flush=True,
+        )
+        return 0 if done == len(states) or indices is not None else 143
+    return 0
+
+
+def describe(sweep: Sweep, stream=sys.stdout) -> None:
+    for p in sweep.points:
+        print(f"{p.index:4d}  ranks {p.ranks:3d}  {point_state(p):10s}  {p.path}", file=stream)

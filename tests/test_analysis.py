@@ -1,0 +1,194 @@
+"""Analysis: fresh results give every study's verdict rows and figures; planted errors fail."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+
+from hpcpipe.analysis.report import analyse, main
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+SWEEPS = {
+    "pipeline-time": """
+[sweep]
+name = "pipeline-time"
+ranks = "depth"
+[base]
+tag = "pipeline-time"
+problem = "fewshot"
+width = 4
+optimizer = "pprs"
+gamma = 0.01
+lr = 0.01
+iterations = 3
+eval_every = 0
+progress = "off"
+[grid]
+schedule = ["sequential", "gpipe"]
+depth = [2, 3]
+samples = [1, 3]
+m = [1, 2]
+""",
+    "depth": """
+[sweep]
+name = "depth"
+ranks = "depth"
+[base]
+tag = "depth"
+mode = "theory"
+epsilon = 0.5
+dim = 8
+problem = "l1-chain"
+progress = "off"
+[grid]
+optimizer = ["gd", "pprs"]
+depth = [1, 2, 3]
+""",
+    "dimension": """
+[sweep]
+name = "dimension"
+ranks = 1
+[base]
+tag = "dimension"
+problem = "l1-chain"
+optimizer = "pprs"
+mode = "theory"
+epsilon = 0.5
+depth = 1
+progress = "off"
+[grid]
+dim = [8, 32, 128]
+seed = [0, 1]
+""",
+    "smooth": """
+[sweep]
+name = "smooth"
+ranks = "depth"
+[base]
+tag = "smooth"
+problem = "quad-chain"
+optimizer = "agd"
+mode = "theory"
+dim = 64
+progress = "off"
+[grid]
+depth = [1, 2]
+epsilon = [1e-3, 1e-4]
+""",
+    "paper": """
+[sweep]
+name = "paper"
+ranks = 2
+[base]
+tag = "paper"
+problem = "attack"
+depth = 2
+width = 16
+m = 3
+radius = 0.05
+iterations = 100000
+time_budget = 400
+progress = "off"
+[[cases]]
+label = "gd"
+optimizer = "gd"
+[[cases]]
+label = "pprs-k2"
+optimizer = "pprs"
+samples = 2
+gamma = 0.01
+[[cases]]
+label = "pprs-k10"
+optimizer = "pprs"
+samples = 10
+gamma = 0.01
+[grid]
+lr = [1e-3, 1e-5]
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    for name, text in SWEEPS.items():
+        f = root / f"{name}.toml"
+        f.write_text(text)
+        p = subprocess.run(
+            [sys.executable, "-m", "hpcpipe", "sweep", str(f), "--out", str(root / name)],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=600,
+        )
+        assert p.returncode == 0, p.stdout + p.stderr
+    return root
+
+
+def test_each_study_gives_its_verdicts_and_figure(results, tmp_path):
+    studies, report = analyse([str(results)], tmp_path / "report")
+    by = {s.name: s for s in studies}
+    assert set(by) == {"pipeline-time", "depth", "dimension", "smooth", "paper"}
+    for name, s in by.items():
+        assert s.verdicts, name
+        for fig in s.figures:
+            assert (tmp_path / "report" / fig).stat().st_size > 2000
+    assert by["pipeline-time"].figures and by["depth"].figures and by["smooth"].figures
+    assert by["dimension"].figures and by["paper"].figures
+    bounds = [v for s in studies for v in s.verdicts if v.kind == "bound" and v.ok is not None]
+    assert bounds and all(v.ok for v in bounds), [v for v in bounds if not v.ok]
+    text = report.read_text()
+    assert "| study | claim | bound | measured | verdict | files |" in text
+    for s in studies:  # every verdict row names the files its numbers came from
+        for v in s.verdicts:
+            assert v.files and all(f.endswith(".h5") for f in v.files)
+            assert v.files[0] in text
+    claims = [v for v in by["paper"].verdicts if v.kind == "claim"]
+    assert claims and all(v.word in ("reproduced", "not reproduced") for v in claims)
+
+
+def test_planted_iteration_time_breaks_the_law(results, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(results / "pipeline-time", bad)
+    victim = sorted(bad.glob("*gpipe*depth=3*samples=3*m=2*.h5"))[0]
+    with h5py.File(victim, "r+") as f:
+        f["iterations/pipeline_time"][...] *= 1.5  # 50% slower than (K m + S - 1) says
+    assert main([str(bad), "-o", str(tmp_path / "r"), "--study", "pipeline-time"]) == 1
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "VIOLATED" in text and victim.name in text
+
+
+def test_smoothing_that_does_not_scale_fails(tmp_path):
+    sweep = tmp_path / "wrong.toml"
+    sweep.write_text(
+        SWEEPS["dimension"].replace(
+            'mode = "theory"',
+            'mode = "practical"\ngamma = 0.05\nlr = 0.02\niterations = 40\nsamples = 4',
+        )
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "hpcpipe", "sweep", str(sweep), "--out", str(tmp_path / "wrong")],
+        capture_output=True,
+        text=True,
+        env=ENV,
+    )
+    assert p.returncode == 0, p.stderr
+    studies, _ = analyse([str(tmp_path / "wrong")], tmp_path / "r", ["dimension"])
+    rows = {v.claim: v for v in studies[0].verdicts}
+    row = rows["smoothing scales as d^(-1/4) (gamma*T = 2R d^(-1/4))"]
+    assert row.ok is False and row.word == "VIOLATED"
+
+
+def test_analysis_skips_unreadable_files(results, tmp_path):
+    d = tmp_path / "mixed"
+    shutil.copytree(results / "smooth", d)
+    (d / "zz-truncated.h5").write_bytes(Path(next(d.glob("*.h5"))).read_bytes()[:500])
+    warnings = []
+    studies, _ = analyse([str(d)], tmp_path / "r", ["smooth"], warn=warnings.append)
+    assert any("zz-truncated.h5" in w for w in warnings)
+    assert studies and studies[0].verdicts
