@@ -365,6 +365,32 @@ def cmd_analyze(args, extra: list[str], argv: list[str]) -> int:
     return analyze(extra)
 
 
+def cmd_jobs(args) -> int:
+    from .jobs import JobOptions, generate
+
+    opts = JobOptions(
+        partition=args.partition,
+        account=args.account,
+        time=args.time,
+        nodes=args.nodes,
+        tasks_per_node=args.ntasks_per_node,
+        launcher=args.launcher,
+        mpi=args.mpi,
+        python=args.python,
+        activate=args.activate,
+        overcommit=args.overcommit,
+    )
+    try:
+        files = generate(args.sweep, args.out, opts)
+    except (ConfigError, ValueError) as e:
+        print(f"hpcpipe: {e}", file=sys.stderr)
+        return 2
+    for f in files:
+        print(f"wrote {f}")
+    print(f"submit with: {Path(args.out) / 'submit.sh'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcpipe", description=__doc__)
     p.add_argument("--version", action="version", version=f"hpcpipe {__version__}")
@@ -397,6 +423,22 @@ def build_parser() -> argparse.ArgumentParser:
         "analyze", help="scaling studies and report from result directories", add_help=False
     )
     s.set_defaults(func=cmd_analyze, takes_extra=True)
+
+    s = sub.add_parser("jobs", help="Slurm batch scripts for a sweep")
+    s.add_argument("action", choices=["generate"])
+    s.add_argument("sweep", help="sweep file (TOML)")
+    s.add_argument("--out", required=True, help="folder for the scripts, results and report")
+    s.add_argument("--partition", default="")
+    s.add_argument("--account", default="")
+    s.add_argument("--time", default="01:00:00", help="time limit per task (HH:MM:SS)")
+    s.add_argument("--nodes", type=int, default=0)
+    s.add_argument("--ntasks-per-node", type=int, default=0)
+    s.add_argument("--launcher", choices=["srun", "mpiexec"], default="srun")
+    s.add_argument("--mpi", default="pmi2", help="srun --mpi plugin (mpich wheel: pmi2)")
+    s.add_argument("--python", default="python3", help="the Python that has hpcpipe")
+    s.add_argument("--activate", default="", help="virtual environment to activate in jobs")
+    s.add_argument("--overcommit", action="store_true", help="allow more tasks than cores")
+    s.set_defaults(func=cmd_jobs)
 
     s = sub.add_parser("validate", help="check a configuration without running it")
     s.add_argument("config", nargs="?", help="TOML file; --key value overrides")

@@ -180,12 +180,25 @@ class Writer:
         self.f.flush()
 
     def close(self, status: str, extra: dict | None = None) -> None:
-        """End the SWMR session, then set the final status and attributes."""
+        """End the SWMR session, then set the final status and attributes.
+
+        The reopen in read-write mode retries for a few seconds: a reader that
+        happens to have the file open (another process checking a sweep's
+        state) must not turn a finished run into a failure.
+        """
         if status not in STATUSES:
             raise ValueError(f"status {status!r}")
         self.f.flush()
         self.f.close()
-        with h5py.File(self.path, "r+") as f:
+        for attempt in range(100):
+            try:
+                f = h5py.File(self.path, "r+")
+                break
+            except BlockingIOError:
+                if attempt == 99:
+                    raise
+                time.sleep(0.1)
+        with f:
             f.attrs["status"] = status
             f.attrs["end_time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             for k, v in (extra or {}).items():
@@ -245,11 +258,15 @@ def _check_container(path: Path) -> None:
 
 
 def _open(path: Path):
-    """Open a closed file normally; one still held (or left) by a writer in SWMR mode."""
+    """Open a closed file normally; one still held (or left) by a writer in SWMR mode.
+
+    Readers take no file lock (``locking=False``), so they never block the
+    writer of a run that is still going on.
+    """
     try:
-        return h5py.File(path, "r")
+        return h5py.File(path, "r", locking=False)
     except OSError:
-        return h5py.File(path, "r", libver="latest", swmr=True)
+        return h5py.File(path, "r", libver="latest", swmr=True, locking=False)
 
 
 def load(path: str | Path) -> Result:

@@ -108,10 +108,13 @@ def point_state(pt: Point) -> str:
 
     if not pt.path.exists():
         return "missing"
-    try:
-        return load(pt.path).status
-    except ResultsError:
-        return "unreadable"
+    for attempt in range(3):  # a file caught mid-update by its writer reads fine a moment later
+        try:
+            return load(pt.path).status
+        except ResultsError:
+            if attempt < 2:
+                time.sleep(0.2)
+    return "unreadable"
 
 
 def write_grid(sweep: Sweep) -> Path:
@@ -204,15 +207,18 @@ def main_inside(comm, path: str, out: str | None, indices: list[int] | None) -> 
         write_grid(sweep)
     counts = run_points(comm, sweep, indices, log=lambda m: print(m, flush=True))
     if comm.rank == 0:
-        states = [point_state(p) for p in sweep.points]
-        done = sum(s in ("complete", "diverged") for s in states)
+        mine = indices if indices is not None else range(len(sweep.points))
+        states = {i: point_state(sweep.points[i]) for i in mine}  # never others' files
+        done = sum(s in ("complete", "diverged") for s in states.values())
         print(
             f"[{sweep.name}] {counts['ran']} ran, {counts['resumed']} resumed, "
             f"{counts['skipped']} skipped; {done}/{len(states)} points finished "
             f"in {sweep.out}",
             flush=True,
         )
-        return 0 if done == len(states) or indices is not None else 143
+        if indices is not None:
+            return 143 if any(states[i] == "incomplete" for i in indices) else 0
+        return 0 if done == len(states) else 143
     return 0
 
 

@@ -42,7 +42,7 @@ def study(records, outdir: Path) -> StudyResult:
     rows = []
     plt = figure()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for (sched, clock, per_stage, lt), g in sorted(groups.items()):
+    for (sched, clock, _per_stage, lt), g in sorted(groups.items()):
         n = np.array([_n_items(r) for r in g])
         S = np.array([r.n_ranks for r in g])
         T = np.array([r.iteration_time for r in g])

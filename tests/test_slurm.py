@@ -1,0 +1,196 @@
+"""Job scripts: generated, syntax-checked, and run on a real (local) Slurm.
+
+The Slurm tests need a controller (CI starts one with .ci/slurm.sh). Without
+one they are skipped with the reason — unless HPCPIPE_REQUIRE_SLURM=1 (set by
+CI), where a missing Slurm fails them.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcpipe.jobs import JobOptions, generate
+from hpcpipe.results import load
+
+HERE = Path(__file__).parent
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+SMALL = """
+[sweep]
+name = "smooth"
+ranks = "depth"
+[base]
+tag = "smooth"
+problem = "quad-chain"
+optimizer = "agd"
+mode = "theory"
+dim = 32
+progress = "off"
+[grid]
+depth = [1, 2, 3]
+epsilon = [1e-3]
+"""
+
+LONG = """
+[sweep]
+name = "long"
+ranks = 2
+[base]
+problem = "l1-chain"
+depth = 2
+dim = 8
+optimizer = "gd"
+lr = 0.01
+iterations = 400
+layer_time = 0.002
+flush_every = 5
+progress = "off"
+"""
+
+
+def slurm_available() -> str | None:
+    if not shutil.which("sbatch"):
+        return "sbatch not found"
+    p = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=ENV)
+    if p.returncode != 0 or not re.search(r"idle|mix|alloc", p.stdout):
+        return f"no responsive Slurm controller (sinfo: {p.stdout.strip()} {p.stderr.strip()})"
+    return None
+
+
+def need_slurm():
+    why = slurm_available()
+    if why is None:
+        return
+    if os.environ.get("HPCPIPE_REQUIRE_SLURM") == "1":
+        pytest.fail(f"HPCPIPE_REQUIRE_SLURM=1 but {why}; start one with .ci/slurm.sh start DIR")
+    pytest.skip(f"{why}; run .ci/slurm.sh start DIR and export SLURM_CONF to test with Slurm")
+
+
+def test_generated_scripts_are_plain_and_portable(tmp_path):
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(SMALL)
+    files = generate(
+        str(sweep),
+        tmp_path / "jobs",
+        JobOptions(partition="batch", account="proj1", time="00:10:00"),
+    )
+    names = sorted(f.name for f in files)
+    assert names == [
+        "analysis.sbatch",
+        "array-1.sbatch",
+        "array-2.sbatch",
+        "array-3.sbatch",
+        "grid.json",
+        "submit.sh",
+        "sweep.toml",
+    ]
+    for f in files:
+        if f.suffix in (".sbatch", ".sh"):
+            assert subprocess.run(["bash", "-n", str(f)]).returncode == 0, f
+            text = f.read_text()
+            # no path of this machine: not the checkout, the temp dir, a home or a venv
+            for bad in (str(HERE.parent), str(tmp_path), os.path.expanduser("~"), sys.prefix):
+                assert bad not in text, (f, bad)
+            assert not re.search(r"(^|\s)/(home|work|root|tmp)/", text), f
+    arr = (tmp_path / "jobs" / "array-2.sbatch").read_text()
+    assert "#SBATCH --array=1" in arr and "#SBATCH --ntasks=2" in arr
+    assert "#SBATCH --partition=batch" in arr and "#SBATCH --account=proj1" in arr
+    assert "srun --mpi=pmi2" in arr and '--point "$SLURM_ARRAY_TASK_ID"' in arr
+    sub = (tmp_path / "jobs" / "submit.sh").read_text()
+    assert "--dependency=afterok" in sub
+    mp = generate(str(sweep), tmp_path / "j2", JobOptions(launcher="mpiexec"))
+    assert any('mpiexec -n "$SLURM_NTASKS"' in f.read_text() for f in mp if f.suffix == ".sbatch")
+
+
+def _submit(folder: Path) -> list[str]:
+    p = subprocess.run([str(folder / "submit.sh")], capture_output=True, text=True, env=ENV)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return (folder / "submitted.txt").read_text().split()
+
+
+def _wait(ids: list[str], timeout: float = 300) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        q = subprocess.run(
+            ["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T"],
+            capture_output=True,
+            text=True,
+            env=ENV,
+        )
+        if not q.stdout.strip():
+            return
+        time.sleep(1)
+    subprocess.run(["scancel", *ids], env=ENV)
+    raise AssertionError(f"jobs {ids} still queued after {timeout} s")
+
+
+@pytest.fixture
+def jobdir(tmp_path):
+    need_slurm()
+    return tmp_path
+
+
+def test_array_and_dependent_analysis_on_slurm(jobdir):
+    sweep = jobdir / "s.toml"
+    sweep.write_text(SMALL)
+    folder = jobdir / "jobs"
+    generate(str(sweep), folder, JobOptions(python=sys.executable, time="00:10:00"))
+    ids = _submit(folder)
+    _wait(ids)
+    for i, depth in enumerate([1, 2, 3]):
+        f = folder / "results" / f"{i:04d}-depth={depth}-epsilon=0.001.h5"
+        r = load(f)
+        assert r.status == "complete", f
+        slurm = __import__("json").loads(r.attrs["slurm"])
+        assert slurm["SLURM_ARRAY_TASK_ID"] == str(i) and int(slurm["SLURM_NTASKS"]) == depth
+        assert r.attrs["n_ranks"] == depth
+    report = (folder / "report" / "report.md").read_text()
+    assert "| smooth |" in report and "VIOLATED" not in report
+    logs = list((folder / "logs").glob("*analysis*.out"))
+    assert logs and "wrote report/report.md" in logs[0].read_text()
+
+
+def test_cancelled_task_leaves_incomplete_file_and_resubmit_finishes(jobdir):
+    sweep = jobdir / "long.toml"
+    sweep.write_text(LONG)
+    folder = jobdir / "jobs"
+    generate(str(sweep), folder, JobOptions(python=sys.executable, time="00:10:00"))
+    (folder / "logs").mkdir()
+    out = subprocess.run(
+        ["sbatch", "--parsable", "array-2.sbatch"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env=ENV,
+    )
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip().split(";")[0]
+    f = folder / "results" / "0000-point.h5"
+    t0 = time.time()
+    while time.time() - t0 < 120:
+        try:
+            if len(load(f).iterations["iteration"]) >= 10:
+                break
+        except Exception:
+            pass
+        time.sleep(0.2)
+    else:
+        subprocess.run(["scancel", job], env=ENV)
+        raise AssertionError("the task never wrote 10 iterations")
+    subprocess.run(["scancel", "--signal=TERM", f"{job}_0"], check=True, env=ENV)
+    _wait([job])
+    r = load(f)
+    assert r.status == "incomplete"
+    n = len(r.iterations["iteration"])
+    assert 10 <= n < 400
+    ids = _submit(folder)  # resubmit the same array (and its analysis)
+    _wait(ids)
+    r = load(f)
+    assert r.status == "complete" and int(r.attrs["resumed"]) == 1
+    assert r.iterations["iteration"].tolist() == list(range(1, 401))
