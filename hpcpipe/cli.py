@@ -257,14 +257,22 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-def cmd_trace(args) -> int:
+def _load_result(path: str):
+    """The result at path, or None after printing why it cannot be read."""
     from .results import ResultsError, load
-    from .trace import write_trace
 
     try:
-        r = load(args.result)
+        return load(path)
     except ResultsError as e:
         print(f"hpcpipe: {e}", file=sys.stderr)
+        return None
+
+
+def cmd_trace(args) -> int:
+    from .trace import write_trace
+
+    r = _load_result(args.result)
+    if r is None:
         return 2
     its = [args.iteration] if args.iteration else None
     n = write_trace(r.timeline, args.output, str(r.attrs.get("clock", "wall")), its)
@@ -273,13 +281,10 @@ def cmd_trace(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from .results import ResultsError, load
     from .trace import gantt_png, timeline_rows
 
-    try:
-        r = load(args.result)
-    except ResultsError as e:
-        print(f"hpcpipe: {e}", file=sys.stderr)
+    r = _load_result(args.result)
+    if r is None:
         return 2
     its = r.timeline["iteration"]
     if len(its) == 0:
@@ -305,7 +310,15 @@ def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
 
         return bench_simulate(args.repeats)
     if not os.environ.get(INSIDE):
-        np_ = args.np or (2 if args.case in ("transport", "dense") else 4)
+        if args.case == "peer":
+            import importlib.util
+
+            if importlib.util.find_spec("torch") is None:
+                from .peer import INSTALL
+
+                print(f"hpcpipe: {INSTALL}", file=sys.stderr)
+                return 2
+        np_ = args.np or (2 if args.case in ("transport", "dense", "peer") else 4)
         return _relaunch(np_, _strip_np(argv))
 
     def body(comm):
@@ -314,6 +327,12 @@ def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
         ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
         if args.case == "transport":
             return bench.bench_transport(comm, args.max_bytes, args.iters, args.wait)
+        if args.case == "peer":
+            from .peer import bench_peer
+
+            return bench_peer(
+                comm, ints(args.width), ints(args.mb), ints(args.micro), args.repeats, args.port
+            )
         if args.case == "dense":
             return bench.bench_dense(
                 comm, ints(args.width), ints(args.mb), ints(args.micro), args.repeats
@@ -474,7 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_plot)
 
     s = sub.add_parser("bench", help="benchmark cases that print figures")
-    s.add_argument("case", choices=["pipeline", "dense", "transport", "simulate"])
+    s.add_argument("case", choices=["pipeline", "dense", "transport", "simulate", "peer"])
+    s.add_argument("--port", type=int, default=29517, help="peer: gloo rendezvous port")
     s.add_argument("--width", default="64", help="dense: comma-separated widths")
     s.add_argument("--mb", default="8", help="dense: rows per microbatch")
     s.add_argument("--micro", default="16", help="dense: microbatches M")

@@ -242,6 +242,26 @@ class Engine:
         item_losses = self.item_losses
         item_losses[:] = 0.0
         inv_m = 1.0 / m
+
+        def take(ch, views, slots, i, what, peer):
+            """Wait for item i's message, advance the clock, return its payload view."""
+            if watch:
+                waiter.wait(
+                    ch.requests[i],
+                    f"rank {self.rank} waits for the {what} of item "
+                    f"{i} from rank {peer} (call {call})",
+                )
+            else:
+                waiter.wait(ch.requests[i])
+            receive(slots[i][-1], ch.nbytes(i))
+            return views[i]
+
+        def give(ch, views, slots, i, data, stamp):
+            """Copy item i's data into its send slot with the clock stamp; start the send."""
+            np.copyto(views[i], data)
+            slots[i][-1] = stamp
+            ch.requests[i].Start()
+
         clock.reset()
         MPI.Prequest.Startall(self._recvs)
         t_first = now()
@@ -266,17 +286,7 @@ class Engine:
                 if first:
                     x = inputs[k][r0:r1] if input_var else x_rows[i % M]
                 else:
-                    req = self.recv_f.requests[i]
-                    if watch:
-                        waiter.wait(
-                            req,
-                            f"rank {self.rank} waits for the activation of item "
-                            f"{i} from rank {self.rank - 1} (call {call})",
-                        )
-                    else:
-                        waiter.wait(req)
-                    receive(rf_slot[i][-1], self.recv_f.nbytes(i))
-                    x = rf[i]
+                    x = take(self.recv_f, rf, rf_slot, i, "activation", self.rank - 1)
                 ev[idx, EV_READY] = now()
                 y, caches[i] = forward_layers(layers, x, params[k])
                 if last:
@@ -288,24 +298,12 @@ class Engine:
                 compute("F")
                 t_end = now()
                 if not last:
-                    np.copyto(sf[i], y)
-                    sf_slot[i][-1] = t_end
-                    self.send_f.requests[i].Start()
+                    give(self.send_f, sf, sf_slot, i, y, t_end)
             else:  # backward of item i
                 if last:
                     dy = seeds.pop(i)
                 else:
-                    req = self.recv_b.requests[i]
-                    if watch:
-                        waiter.wait(
-                            req,
-                            f"rank {self.rank} waits for the gradient of item "
-                            f"{i} from rank {self.rank + 1} (call {call})",
-                        )
-                    else:
-                        waiter.wait(req)
-                    receive(rb_slot[i][-1], self.recv_b.nbytes(i))
-                    dy = rb[i]
+                    dy = take(self.recv_b, rb, rb_slot, i, "gradient", self.rank + 1)
                 ev[idx, EV_READY] = now()
                 dx = backward_layers(layers, dy, caches.pop(i), params[k], gviews)
                 if input_var:
@@ -315,9 +313,7 @@ class Engine:
                 compute("B")
                 t_end = now()
                 if not first:
-                    np.copyto(sb[i], dx)
-                    sb_slot[i][-1] = t_end
-                    self.send_b.requests[i].Start()
+                    give(self.send_b, sb, sb_slot, i, dx, t_end)
                 left[k] -= 1
                 if left[k] == 0:
                     del params[k], left[k]

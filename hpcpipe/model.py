@@ -38,13 +38,19 @@ def partition(depth: int, n_stages: int) -> list[tuple[int, int]]:
             f"depth {depth} is smaller than the number of stages (MPI ranks) {n_stages}: "
             f"every rank needs at least one layer; use at most {depth} ranks or depth >= {n_stages}"
         )
-    q, r = divmod(depth, n_stages)
-    bounds, lo = [], 0
-    for s in range(n_stages):
-        hi = lo + q + (1 if s < r else 0)
-        bounds.append((lo, hi))
+    return balanced_split(depth, n_stages)
+
+
+def balanced_split(total: int, parts: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of ``parts`` contiguous pieces of ``total``; sizes differ by <= 1,
+    the larger first (like numpy.array_split)."""
+    q, r = divmod(total, parts)
+    out, lo = [], 0
+    for j in range(parts):
+        hi = lo + q + (1 if j < r else 0)
+        out.append((lo, hi))
         lo = hi
-    return bounds
+    return out
 
 
 @dataclass(frozen=True)
@@ -205,13 +211,7 @@ def microbatch_bounds(m: int, n_micro: int) -> list[tuple[int, int]]:
     """Row ranges of n_micro contiguous microbatches of m examples (balanced)."""
     if not 1 <= n_micro <= m:
         raise ValueError(f"microbatches must be between 1 and m={m}, got {n_micro}")
-    q, r = divmod(m, n_micro)
-    out, lo = [], 0
-    for j in range(n_micro):
-        hi = lo + q + (1 if j < r else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
+    return balanced_split(m, n_micro)
 
 
 def random_batch(spec: ModelSpec, m: int, seed: int = 0) -> Batch:

@@ -194,3 +194,22 @@ def test_cancelled_task_leaves_incomplete_file_and_resubmit_finishes(jobdir):
     r = load(f)
     assert r.status == "complete" and int(r.attrs["resumed"]) == 1
     assert r.iterations["iteration"].tolist() == list(range(1, 401))
+
+
+def test_shipped_single_run_script(jobdir):
+    script = HERE.parent / "jobs" / "pprs-run.sbatch"
+    env = dict(ENV, PATH=f"{Path(sys.executable).parent}{os.pathsep}{ENV['PATH']}")
+    p = subprocess.run(
+        ["sbatch", "--wait", "--parsable", str(script)],
+        cwd=jobdir,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    job = p.stdout.strip().split(";")[0]
+    r = load(jobdir / f"pprs-run-{job}.h5")
+    assert r.status == "complete" and r.config["optimizer"] == "pprs"
+    assert len(r.iterations["iteration"]) == 200
+    assert __import__("json").loads(r.attrs["slurm"])["SLURM_JOB_ID"] == job

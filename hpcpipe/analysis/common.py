@@ -127,5 +127,15 @@ def figure():
     return plt
 
 
+def save_figure(fig, outdir: Path, name: str, res: StudyResult) -> None:
+    """Write a study's figure as PNG next to the report and list it in the study."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(outdir / name, dpi=110)
+    plt.close(fig)
+    res.figures.append(name)
+
+
 def files_of(recs) -> list[str]:
     return sorted(r.file for r in recs)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import StudyResult, Verdict, figure, files_of, linfit
+from .common import StudyResult, Verdict, figure, files_of, linfit, save_figure
 
 NAME = "depth"
 
@@ -93,11 +93,7 @@ def study(records, outdir: Path) -> StudyResult:
     ax.set_ylabel("pipeline time to eps (tau)")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = outdir / "depth.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    res.figures.append(path.name)
+    save_figure(fig, outdir, "depth.png", res)
     res.tables.append(
         (
             "time to eps",

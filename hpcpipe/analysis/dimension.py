@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import StudyResult, Verdict, figure, files_of, loglog_slope
+from .common import StudyResult, Verdict, figure, files_of, loglog_slope, save_figure
 
 NAME = "dimension"
 
@@ -103,11 +103,7 @@ def study(records, outdir: Path) -> StudyResult:
     ax.set_xlabel("dimension d")
     ax.set_ylabel("iterations")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = outdir / "dimension.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    res.figures.append(path.name)
+    save_figure(fig, outdir, "dimension.png", res)
     res.tables.append(
         (
             "PPRS against d",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import StudyResult, Verdict, figure, files_of
+from .common import StudyResult, Verdict, figure, files_of, save_figure
 
 NAME = "paper"
 
@@ -149,8 +149,4 @@ def _curves(res, recs, cell, outdir: Path) -> None:
     ax.set_ylabel("best loss (mean CW margin)")
     ax.legend(fontsize=7)
     ax.set_title("attack: loss against pipeline time, best rate per method")
-    fig.tight_layout()
-    path = outdir / "paper_curves.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    res.figures.append(path.name)
+    save_figure(fig, outdir, "paper_curves.png", res)

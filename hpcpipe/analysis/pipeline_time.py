@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import StudyResult, Verdict, figure, files_of, linfit
+from .common import StudyResult, Verdict, figure, files_of, linfit, save_figure
 
 NAME = "pipeline-time"
 TOL = {"model": 1e-9, "wall": 0.10}
@@ -85,11 +85,7 @@ def study(records, outdir: Path) -> StudyResult:
     ax.set_ylabel("iteration time")
     ax.legend(fontsize=7)
     ax.set_title("pipeline time law")
-    fig.tight_layout()
-    path = outdir / "pipeline_time.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    res.figures.append(path.name)
+    save_figure(fig, outdir, "pipeline_time.png", res)
     res.tables.append(
         (
             "iteration times",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import StudyResult, Verdict, figure, files_of, loglog_slope
+from .common import StudyResult, Verdict, figure, files_of, loglog_slope, save_figure
 
 NAME = "smooth"
 
@@ -85,11 +85,7 @@ def study(records, outdir: Path) -> StudyResult:
     ax.set_xlabel("depth * sqrt(beta R^2 / eps)")
     ax.set_ylabel("pipeline time to eps (tau)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = outdir / "smooth.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    res.figures.append(path.name)
+    save_figure(fig, outdir, "smooth.png", res)
     res.tables.append(
         (
             "AGD on quad-chain",
