@@ -163,6 +163,15 @@ def cmd_validate(args, extra: list[str], argv: list[str]) -> int:
     return 0
 
 
+def _default_output(cfg) -> str:
+    """runs/<problem>-<optimizer>-<time>-<pid>.h5: a new file for every run."""
+    import os
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return os.path.join("runs", f"{cfg.problem}-{cfg.optimizer}-{stamp}-{os.getpid()}.h5")
+
+
 def cmd_run(args, extra: list[str], argv: list[str]) -> int:
     import os
 
@@ -182,6 +191,8 @@ def cmd_run(args, extra: list[str], argv: list[str]) -> int:
         return _relaunch(args.np, _strip_np(argv))
 
     def body(comm):
+        import dataclasses
+
         from .report import print_run
         from .runner import run
 
@@ -191,11 +202,15 @@ def cmd_run(args, extra: list[str], argv: list[str]) -> int:
             if comm.rank == 0:
                 print(f"hpcpipe: config error: {e}", file=sys.stderr)
             return 2
-        res = run(cfg, comm, resume=args.resume or None)
+        run_cfg = cfg
+        if not cfg.output and not args.no_output:  # results always reach a file by default
+            path = comm.bcast(_default_output(cfg) if comm.rank == 0 else None, root=0)
+            run_cfg = dataclasses.replace(cfg, output=path)
+        res = run(run_cfg, comm, resume=args.resume or None)
         if comm.rank == 0:
             print_run(res, every=args.every)
-            if cfg.output:
-                print(f"wrote {cfg.output} (status {res.status})")
+            if run_cfg.output:
+                print(f"wrote {run_cfg.output} (status {res.status})")
         return 143 if res.status == "incomplete" else 0
 
     return _under_mpi(body)
@@ -427,6 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--np", type=int, default=0, help="launch itself under mpiexec -n NP")
     s.add_argument("--every", type=int, default=0, help="print every N-th iteration row")
     s.add_argument("--resume", metavar="FILE", help="continue an incomplete result file")
+    s.add_argument("--no-output", action="store_true",
+                   help="print the table only (default: write runs/<problem>-<opt>-<time>.h5)")
     s.set_defaults(func=cmd_run, takes_extra=True)
 
     s = sub.add_parser("sweep", help="run a grid of configurations, one HDF5 file per point")

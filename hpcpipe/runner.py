@@ -262,12 +262,39 @@ def run(
             writer.set_stages(
                 summary[:, 0], summary[:, 1], summary[:, 2], summary[:, 3].astype(np.int64)
             )
-            writer.close(status, {"info": json.dumps(extra)})
+            done = int(rows[-1][0]) if rows else state.t - 1  # oracle calls, resumed ones too
+            figures = derived_figures(cfg, eng, summary, loop["mtime"], done)
+            writer.close(status, {"info": json.dumps(extra), "figures": json.dumps(figures)})
+            extra["figures"] = figures
     eng.close()
     if ev is not None:
         ev.close()
     table = np.array(rows, dtype=float).reshape(-1, len(COLUMNS))
     return RunResult(cfg, method, status, table, state.theta, extra)
+
+
+def derived_figures(cfg: RunConfig, eng: Engine, summary: np.ndarray, pipeline_time: float,
+                    iterations: int) -> dict:
+    """Per-run figures: bubble fraction and, with emulated layers, efficiency.
+
+    bubble fraction = 1 − Σ_s busy_s / (S · total pipeline time); with
+    ``layer_time`` > 0 the model's prediction is the simulator's makespan of
+    the schedule with t_F = t_B = layer_time per layer (no message cost) per
+    iteration, and efficiency = prediction / measured pipeline time.
+    """
+    from .simulator import simulate, stage_times
+
+    S = eng.size
+    busy = float(summary[:, 0].sum())
+    out = {"iterations": iterations, "pipeline_time": pipeline_time,
+           "bubble_fraction": 1.0 - busy / (S * pipeline_time) if pipeline_time > 0 else 0.0}
+    if cfg.layer_time > 0 and iterations > 0:
+        tf, tb = stage_times(CostModel.uniform(cfg.depth, cfg.layer_time), cfg.depth, S)
+        per = simulate(eng.schedule, tf, tb).makespan
+        out["predicted_pipeline_time"] = per * iterations
+        if cfg.clock == "wall":
+            out["efficiency"] = per * iterations / pipeline_time
+    return out
 
 
 def _injection(spec: str) -> tuple[int, int, str] | None:

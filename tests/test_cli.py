@@ -1,5 +1,6 @@
 """The command line: demo, run (self-launching), config errors."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,17 +9,19 @@ import pytest
 
 from hpcpipe.cli import _overrides
 from hpcpipe.config import ConfigError, load
+from hpcpipe.results import load as load_result
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
 
-def hpcpipe(*args, timeout=300):
+def hpcpipe(*args, timeout=300, cwd=None):
     return subprocess.run(
         [sys.executable, "-m", "hpcpipe", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=ENV,
+        cwd=cwd,
     )
 
 
@@ -36,7 +39,7 @@ def test_demo_prints_its_table():
     assert len(budgets) == 1  # the same pipeline time for every method
 
 
-def test_run_self_launches_on_two_ranks():
+def test_run_self_launches_on_two_ranks_and_writes_a_result_by_default(tmp_path):
     p = hpcpipe(
         "run",
         "--np",
@@ -53,10 +56,22 @@ def test_run_self_launches_on_two_ranks():
         "5",
         "--progress",
         "off",
+        "--layer_time",
+        "0.001",
+        "--clock",
+        "wall",
+        cwd=tmp_path,
     )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "status complete" in p.stdout
     assert p.stdout.count("\n") >= 8
+    files = list((tmp_path / "runs").glob("l1-chain-gd-*.h5"))
+    assert len(files) == 1 and f"wrote runs/{files[0].name}" in p.stdout
+    r = load_result(files[0])
+    figs = json.loads(r.attrs["figures"])
+    assert r.status == "complete" and r.attrs["n_ranks"] == 2
+    assert 0 < figs["bubble_fraction"] < 1 and 0 < figs["efficiency"] <= 1.05
+    assert figs["predicted_pipeline_time"] == pytest.approx(5 * 2 * 2 * 0.001)
 
 
 def test_config_error_exits_2_before_launch():

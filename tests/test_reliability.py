@@ -170,7 +170,17 @@ RUN = [
 
 def test_a_failing_rank_brings_the_job_down():
     t0 = time.time()
-    p = hpcpipe(*RUN, "--np", "4", "--iterations", "1000", "--inject_failure", "2:5", timeout=60)
+    p = hpcpipe(
+        *RUN,
+        "--np",
+        "4",
+        "--iterations",
+        "1000",
+        "--inject_failure",
+        "2:5",
+        "--no-output",
+        timeout=60,
+    )
     assert time.time() - t0 < 30
     assert p.returncode != 0
     assert "rank 2 of 4 failed" in p.stderr and "injected failure on rank 2" in p.stderr
@@ -189,6 +199,7 @@ def test_watchdog_reports_who_waits_for_what():
         "2:3:hang",
         "--timeout",
         "2",
+        "--no-output",
         timeout=60,
     )
     assert time.time() - t0 < 30
