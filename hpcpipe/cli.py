@@ -442,8 +442,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--np", type=int, default=0, help="launch itself under mpiexec -n NP")
     s.add_argument("--every", type=int, default=0, help="print every N-th iteration row")
     s.add_argument("--resume", metavar="FILE", help="continue an incomplete result file")
-    s.add_argument("--no-output", action="store_true",
-                   help="print the table only (default: write runs/<problem>-<opt>-<time>.h5)")
+    s.add_argument(
+        "--no-output",
+        action="store_true",
+        help="print the table only (default: write runs/<problem>-<opt>-<time>.h5)",
+    )
     s.set_defaults(func=cmd_run, takes_extra=True)
 
     s = sub.add_parser("sweep", help="run a grid of configurations, one HDF5 file per point")

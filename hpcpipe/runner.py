@@ -273,8 +273,9 @@ def run(
     return RunResult(cfg, method, status, table, state.theta, extra)
 
 
-def derived_figures(cfg: RunConfig, eng: Engine, summary: np.ndarray, pipeline_time: float,
-                    iterations: int) -> dict:
+def derived_figures(
+    cfg: RunConfig, eng: Engine, summary: np.ndarray, pipeline_time: float, iterations: int
+) -> dict:
     """Per-run figures: bubble fraction and, with emulated layers, efficiency.
 
     bubble fraction = 1 − Σ_s busy_s / (S · total pipeline time); with
@@ -286,8 +287,11 @@ def derived_figures(cfg: RunConfig, eng: Engine, summary: np.ndarray, pipeline_t
 
     S = eng.size
     busy = float(summary[:, 0].sum())
-    out = {"iterations": iterations, "pipeline_time": pipeline_time,
-           "bubble_fraction": 1.0 - busy / (S * pipeline_time) if pipeline_time > 0 else 0.0}
+    out = {
+        "iterations": iterations,
+        "pipeline_time": pipeline_time,
+        "bubble_fraction": 1.0 - busy / (S * pipeline_time) if pipeline_time > 0 else 0.0,
+    }
     if cfg.layer_time > 0 and iterations > 0:
         tf, tb = stage_times(CostModel.uniform(cfg.depth, cfg.layer_time), cfg.depth, S)
         per = simulate(eng.schedule, tf, tb).makespan

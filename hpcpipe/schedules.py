@@ -228,49 +228,73 @@ def walk(
     clock = [0.0] * S
     ready_stack = list(range(S - 1, -1, -1))
     last = S - 1
+    none: list = []
+    # everything a stage's actions look up, built once: one tuple unpack per visit
+    ctx = [
+        (
+            lists[s],
+            end_f[s],
+            end_b[s],
+            ends[s],
+            waits[s],
+            readys[s],
+            s > 0,
+            s < last,
+            end_f[s - 1] if s > 0 else none,
+            end_b[s + 1] if s < last else none,
+            msg[s - 1] if s > 0 else none,
+            msg[s] if s < last else none,
+            tf[s],
+            tb[s],
+            len(lists[s]),
+        )
+        for s in range(S)
+    ]
     while ready_stack:
         s = ready_stack.pop()
-        codes, p, t = lists[s], pos[s], clock[s]
-        ef, eb, out = end_f[s], end_b[s], ends[s]
-        L = len(codes)
+        (codes, ef, eb, out, ws, rs, up, down, prev_f, next_b, msg_up, msg_down, tf_s, tb_s, L) = (
+            ctx[s]
+        )
+        p, t = pos[s], clock[s]
+        wake_f, wake_b = wait_f, wait_b
         while p < L:
             c = codes[p]
             i = c >> 1
             w = t
             if c & 1 == 0:
-                if s > 0:
-                    e = end_f[s - 1][i]
+                if up:
+                    e = prev_f[i]
                     if e is None:
                         wait_f[s] = i
                         break
-                    e += msg[s - 1][i]
+                    e += msg_up[i]
                     if e > t:
                         t = e
                 r = t
-                t += tf[s]
+                t += tf_s
                 ef[i] = t
-                if s < last and wait_f[s + 1] == i:
-                    wait_f[s + 1] = -1
+                if down and wake_f[s + 1] == i:
+                    wake_f[s + 1] = -1
                     ready_stack.append(s + 1)
             else:
-                if s < last:
-                    e = end_b[s + 1][i]
+                if down:
+                    e = next_b[i]
                     if e is None:
                         wait_b[s] = i
                         break
-                    e += msg[s][i]
+                    e += msg_down[i]
                     if e > t:
                         t = e
                 r = t
-                t += tb[s]
+                t += tb_s
                 eb[i] = t
-                if s > 0 and wait_b[s - 1] == i:
-                    wait_b[s - 1] = -1
+                if up and wake_b[s - 1] == i:
+                    wake_b[s - 1] = -1
                     ready_stack.append(s - 1)
             out.append(t)
             if record:
-                waits[s].append(w)
-                readys[s].append(r)
+                ws.append(w)
+                rs.append(r)
             p += 1
         pos[s], clock[s] = p, t
     if any(pos[s] < len(lists[s]) for s in range(S)):
