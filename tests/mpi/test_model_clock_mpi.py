@@ -51,5 +51,4 @@ def test_model_clock_equals_simulator_and_closed_form(S, n, name):
     for s in range(S):
         np.testing.assert_array_equal(ends[s], sim.ends[s])
     c = COSTS.message(ROWS * D * 8)
-    if name != "1f1b":
-        assert math.isclose(t_mpi, closed_form(name, S, n, tf[0], tb[0], c), rel_tol=1e-12)
+    assert math.isclose(t_mpi, closed_form(name, S, n, tf[0], tb[0], c), rel_tol=1e-12)
