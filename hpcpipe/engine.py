@@ -320,7 +320,9 @@ class Engine:
                     inputs.pop(k, None)
             ev[idx, EV_END] = t_end
         if watch:
-            waiter.waitall(self._sends, f"rank {self.rank}'s sends of call {call} to complete")
+            waiter.waitall(
+                self._sends, f"rank {self.rank} waits for its sends of call {call} to complete"
+            )
         else:
             waiter.waitall(self._sends)
         if reduce == "mean":

@@ -26,7 +26,7 @@ schedule deadlocks exactly when these dependencies have a cycle.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -165,10 +165,6 @@ def build(name: str, n_stages: int, n_items: int) -> Schedule:
             f"unknown schedule {name!r}: choose one of {', '.join(BUILDERS)}"
         ) from None
     return builder(n_stages, n_items)
-
-
-def names() -> Iterable[str]:
-    return BUILDERS.keys()
 
 
 def _check_sizes(n_stages: int, n_items: int) -> None:

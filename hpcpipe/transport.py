@@ -45,9 +45,6 @@ class Channel:
         """The item's data as a (rows, width) view of the buffer."""
         return self.slots[item][:-1].reshape(self.rows[item], self.width)
 
-    def stamp(self, item: int) -> float:
-        return float(self.slots[item][-1])
-
     def nbytes(self, item: int) -> int:
         return self.sizes[item] * 8
 
@@ -89,12 +86,12 @@ class Waiter:
         elif self.policy == "yield":
             os.sched_yield()
 
-    def wait(self, req, what: str = "a message") -> None:
+    def wait(self, req, what: str = "waiting for a message") -> None:
         if self.timeout > 0:
             end = time.monotonic() + self.timeout
             while not req.Test():
                 if time.monotonic() > end:
-                    raise WatchdogTimeout(f"no progress for {self.timeout:g} s: waiting for {what}")
+                    raise WatchdogTimeout(f"no progress for {self.timeout:g} s: {what}")
                 self._pause()
         elif self.policy == "busy":
             req.Wait()
@@ -102,14 +99,14 @@ class Waiter:
             while not req.Test():
                 self._pause()
 
-    def waitall(self, reqs, what: str = "sends to complete") -> None:
+    def waitall(self, reqs, what: str = "waiting for sends to complete") -> None:
         if not reqs:
             return
         if self.timeout > 0:
             end = time.monotonic() + self.timeout
             while not MPI.Request.Testall(reqs):
                 if time.monotonic() > end:
-                    raise WatchdogTimeout(f"no progress for {self.timeout:g} s: waiting for {what}")
+                    raise WatchdogTimeout(f"no progress for {self.timeout:g} s: {what}")
                 self._pause()
         elif self.policy == "busy":
             MPI.Request.Waitall(reqs)

@@ -204,7 +204,7 @@ def test_watchdog_reports_who_waits_for_what():
     )
     assert time.time() - t0 < 30
     assert p.returncode != 0
-    assert "no progress for 2 s: waiting for" in p.stderr
+    assert "no progress for 2 s: rank " in p.stderr and " waits for the " in p.stderr
     assert "from rank 2" in p.stderr  # its neighbours wait on the hung rank
 
 
