@@ -139,6 +139,7 @@ def generate(sweep_path: str, out: str | Path, opts: JobOptions) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(sweep_path, out / "sweep.toml")
     sweep = load_sweep(out / "sweep.toml", out=str(out / "results"))
+    sweep.source = "sweep.toml"  # relative to the folder, like every path in it
     groups: dict[int, list[int]] = defaultdict(list)
     for p in sweep.points:
         groups[p.ranks].append(p.index)

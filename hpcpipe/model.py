@@ -8,6 +8,7 @@ its own blocks and the numbers never depend on the partition.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -90,10 +91,10 @@ class ModelSpec:
 
     def block(self, b: int) -> list[Layer]:
         """Build block b from its own random stream."""
-        g = rng.init_generator(self.seed, b)
         n = self.dims()
         if self.kind == "orthogonal":
-            return [Orthogonal.init(g, n[b])]
+            return [Orthogonal(_orthogonal_matrix(self.seed, b, n[b]))]
+        g = rng.init_generator(self.seed, b)
         layers: list[Layer] = [Dense.init(g, n[b], n[b + 1])]
         if self.kind == "mlp" and b < self.depth - 1:
             layers.append(ReLU(n[b + 1]))
@@ -108,6 +109,19 @@ class ModelSpec:
 
     def make_head(self) -> LossHead:
         return make_head(self.head, **self.head_args)
+
+
+@functools.lru_cache(maxsize=8)
+def _orthogonal_matrix(seed: int, b: int, n: int) -> Array:
+    """Block b's fixed orthogonal matrix, read-only and built once per process.
+
+    A run builds its stage twice (the oracle engine and the exact-f engine);
+    at d = 4096 each QR costs about 7 s on one core, so the fixed, untrained
+    matrices are cached (weights of dense blocks are not: they get trained).
+    """
+    q = Orthogonal.init(rng.init_generator(seed, b), n).q
+    q.flags.writeable = False
+    return q
 
 
 class Stage:

@@ -40,8 +40,15 @@ class Problem:
     mu: float = 0.0  # variable-side quadratic μ/2‖θ‖² (max-chain)
     weights: np.ndarray | None = None  # full weight vector replacing the seeded init
     box: tuple[np.ndarray, np.ndarray] | None = None  # θ ∈ [lo, hi] (input variable)
-    theta_star: np.ndarray | None = None
+    z_star: np.ndarray | None = None  # minimiser seen after the chain: θ* = z*Qᵀ
     info: dict = field(default_factory=dict)
+
+    @property
+    def theta_star(self) -> np.ndarray | None:
+        """θ* = z*Qᵀ, built on demand: it needs every layer, which no rank holds in a run."""
+        if self.z_star is None:
+            return None
+        return (self.z_star @ chain_map(self.spec).T).ravel()
 
     def project(self, theta: np.ndarray) -> np.ndarray:
         """Euclidean projection on the box (ℓ∞ ball ∩ valid inputs): a clip, exact."""
@@ -69,7 +76,6 @@ def l1_chain(depth: int, d: int, seed: int, radius: float = 1.0) -> Problem:
     spec = _orth_spec(depth, d, "abs", seed)
     b = rng.data_generator(seed, 1).standard_normal((1, d))
     b *= radius / np.linalg.norm(b)
-    theta_star = (b @ chain_map(spec).T).ravel()
     return Problem(
         "l1-chain",
         spec,
@@ -78,8 +84,8 @@ def l1_chain(depth: int, d: int, seed: int, radius: float = 1.0) -> Problem:
         d,
         f_star=0.0,
         L=1.0,
-        R=float(np.linalg.norm(theta_star)),
-        theta_star=theta_star,
+        R=float(np.linalg.norm(b)),  # Q is orthogonal: ‖θ*‖ = ‖bQᵀ‖ = ‖b‖
+        z_star=b,
     )
 
 
@@ -93,8 +99,7 @@ def max_chain(depth: int, d: int, seed: int, mu: float | None = None) -> Problem
     mu = 1.0 / np.sqrt(d) if mu is None else mu
     spec = _orth_spec(depth, d, "max", seed)
     z_star = np.full((1, d), -1.0 / (mu * d))
-    theta_star = (z_star @ chain_map(spec).T).ravel()
-    R = float(np.linalg.norm(theta_star))
+    R = float(np.linalg.norm(z_star))  # ‖θ*‖ = ‖z*Qᵀ‖ = ‖z*‖
     return Problem(
         "max-chain",
         spec,
@@ -105,7 +110,7 @@ def max_chain(depth: int, d: int, seed: int, mu: float | None = None) -> Problem
         L=1.0 + 2 * mu * R,
         R=R,
         mu=mu,
-        theta_star=theta_star,
+        z_star=z_star,
     )
 
 
@@ -122,7 +127,6 @@ def quad_chain(
     lambdas = beta * (lambda_min / beta) ** (np.arange(d) / max(d - 1, 1))
     spec = _orth_spec(depth, d, "squared", seed, lambdas=tuple(lambdas))
     b = np.full((1, d), 1.0 / np.sqrt(d))
-    theta_star = (b @ chain_map(spec).T).ravel()
     return Problem(
         "quad-chain",
         spec,
@@ -131,8 +135,8 @@ def quad_chain(
         d,
         f_star=0.0,
         beta=beta,
-        R=float(np.linalg.norm(theta_star)),
-        theta_star=theta_star,
+        R=float(np.linalg.norm(b)),  # ‖θ*‖ = ‖bQᵀ‖ = ‖b‖
+        z_star=b,
     )
 
 

@@ -189,6 +189,10 @@ def run(
         nonlocal flushed
         flushed = _flush(writer, comm, recorder, rows, flushed, state, loop, offsets)
 
+    if ev is not None and prob.f_star is not None:
+        # f(θ₀) − f*: a study whose ε is above it measures nothing (θ₀ already reaches ε)
+        extra["initial_gap"] = exact_f(eng.initial_point())[0] - prob.f_star
+
     for it in range(state.t, T + 1):
         if inject is not None and inject[:2] == (comm.rank, it):
             if inject[2] == "hang":  # stop making progress: the others' watchdog must fire

@@ -1,5 +1,6 @@
 """Analysis: fresh results give every study's verdict rows and figures; planted errors fail."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -192,3 +193,21 @@ def test_analysis_skips_unreadable_files(results, tmp_path):
     studies, _ = analyse([str(d)], tmp_path / "r", ["smooth"], warn=warnings.append)
     assert any("zz-truncated.h5" in w for w in warnings)
     assert studies and studies[0].verdicts
+
+
+def test_trivial_instance_fails_the_depth_check(results, tmp_path):
+    """ε above f(θ₀) − f* measures nothing: the depth study says so and fails."""
+    bad = tmp_path / "trivial"
+    shutil.copytree(results / "depth", bad)
+    studies, _ = analyse([str(bad)], tmp_path / "ok", ["depth"])
+    reach = [v for v in studies[0].verdicts if v.kind == "bound" and "reaches eps =" in v.claim]
+    assert reach and all(v.ok for v in reach)  # the shipped ε is below the initial gap
+    victim = sorted(bad.glob("*.h5"))[0]
+    with h5py.File(victim, "r+") as f:
+        info = json.loads(f.attrs["info"])
+        assert info["initial_gap"] > 0.5  # l1-chain, d = 8: f(0) - f* is about 0.8
+        info["initial_gap"] = 0.4  # as if θ₀ were already within ε = 0.5
+        f.attrs["info"] = json.dumps(info)
+    assert main([str(bad), "-o", str(tmp_path / "r"), "--study", "depth"]) == 1
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "the instance is trivial" in text and "VIOLATED" in text

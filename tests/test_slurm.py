@@ -108,6 +108,21 @@ def test_generated_scripts_are_plain_and_portable(tmp_path):
     assert any('mpiexec -n "$SLURM_NTASKS"' in f.read_text() for f in mp if f.suffix == ".sbatch")
 
 
+@pytest.mark.parametrize("study", ["depth", "dimension"])
+def test_shipped_job_folders_are_what_the_generator_writes(study, tmp_path):
+    """jobs/slurm/<study> is what `hpcpipe jobs generate` writes for jobs/sweeps/<study>.toml."""
+    shipped = HERE.parent / "jobs" / "slurm" / study
+    files = generate(str(HERE.parent / "jobs" / "sweeps" / f"{study}.toml"), tmp_path, JobOptions())
+    assert sorted(p.name for p in shipped.iterdir()) == sorted(f.name for f in files)
+    for f in files:
+        assert (shipped / f.name).read_text() == f.read_text(), (
+            f"jobs/slurm/{study}/{f.name} is stale: run "
+            f"hpcpipe jobs generate jobs/sweeps/{study}.toml --out jobs/slurm/{study}"
+        )
+        if f.suffix in (".sbatch", ".sh"):
+            assert subprocess.run(["bash", "-n", str(shipped / f.name)]).returncode == 0
+
+
 def _submit(folder: Path) -> list[str]:
     p = subprocess.run([str(folder / "submit.sh")], capture_output=True, text=True, env=ENV)
     assert p.returncode == 0, p.stdout + p.stderr
