@@ -14,7 +14,6 @@ CPU build (see README).
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -58,7 +57,7 @@ def peer_case(comm, width: int, mb: int, M: int, repeats: int, pg) -> dict:
         samples=1,
         microbatches=M,
         clock="wall",
-        wait="busy" if P <= (os.cpu_count() or 1) else "sleep",
+        wait="auto",
     )
     point = eng.initial_point()
     # the same block in torch, weights copied (torch Linear: y = x Wᵀ + b)

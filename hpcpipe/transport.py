@@ -63,8 +63,11 @@ class Waiter:
 
     ``busy``: MPI Wait (the library spins); ``yield``: Test then
     sched_yield; ``sleep``: Test then sleep ``interval`` seconds. ``auto``
-    picks busy when ranks <= cores, else sleep, so that oversubscribed ranks
-    (8 ranks on 2 cores) give their core to the rank that has work. With
+    picks busy when ranks <= cores, else yield, so that oversubscribed ranks
+    (4-8 ranks on 2 cores) give their core to the rank that has work without
+    oversleeping: measured on 2 cores, 4 ranks, GPipe step of a width-64 MLP,
+    M = 16: yield 2.46 ms, sleep 3.86 ms, busy 3.57 ms; at width 256 and 1024
+    and on 8 ranks yield is as fast as sleep or faster. With
     ``timeout`` > 0 every wait polls (busy becomes a Test loop) and raises
     WatchdogTimeout naming the message after ``timeout`` seconds.
     """
@@ -77,7 +80,7 @@ class Waiter:
         if policy == "auto":
             aff = getattr(os, "sched_getaffinity", None)
             cores = len(aff(0)) if aff else os.cpu_count()
-            policy = "busy" if n_ranks <= (cores or 1) else "sleep"
+            policy = "busy" if n_ranks <= (cores or 1) else "yield"
         self.policy, self.interval, self.timeout = policy, interval, float(timeout)
 
     def _pause(self) -> None:
