@@ -92,9 +92,13 @@ def study(records, outdir: Path) -> StudyResult:
                 files_of(g),
             )
         )
-        ax.plot(depth[reached], t[reached], "o-", label=f"{opt} {prob}")
+        (line,) = ax.plot(depth[reached], t[reached], "o-", label=f"{opt} {prob}")
+        if bound is not None:  # the theory's guarantee: all T planned iterations
+            planned = [r.info.get("iterations_planned", math.nan) * r.iteration_time for r in g]
+            ax.plot(depth, planned, "--", color=line.get_color(), lw=1)
     ax.set_xlabel("depth")
     ax.set_ylabel("pipeline time to eps (tau)")
+    ax.set_title("solid: measured; dashed: the T iterations the bound plans", fontsize=9)
     ax.set_yscale("log")
     ax.legend(fontsize=7)
     save_figure(fig, outdir, "depth.png", res)
