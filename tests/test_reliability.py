@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -13,7 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpcpipe.config import FIELDS, ConfigError, make_config, validate
+from hpcpipe.config import load as load_config
 from hpcpipe.results import load
+from hpcpipe.sweep import load_sweep
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
@@ -269,3 +272,18 @@ def test_resume_rejects_truncated_foreign_and_complete_files(tmp_path):
         f["x"] = 1
     p = hpcpipe("run", "--resume", str(foreign))
     assert p.returncode == 2 and "foreign.h5" in p.stderr and "not an hpcpipe result" in p.stderr
+
+
+def test_shipped_configs_and_sweeps_validate(tmp_path):
+    """Every config and sweep file the README points at validates before any launch."""
+    root = Path(__file__).parent.parent
+    cfg = load_config(str(root / "jobs" / "run-example.toml"))
+    validate(cfg, 4)
+    assert cfg.problem == "attack" and cfg.optimizer == "pprs"
+    sweeps = sorted((root / "jobs" / "sweeps").glob("*.toml"))
+    assert {s.stem for s in sweeps} == {"pipeline-time", "depth", "dimension", "smooth", "paper"}
+    for s in sweeps:
+        sw = load_sweep(s, out=str(tmp_path / s.stem))
+        assert len(sw.points) >= 9, s
+        for p in sw.points:
+            validate(make_config(p.values), p.ranks)
