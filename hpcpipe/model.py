@@ -111,17 +111,24 @@ class ModelSpec:
         return make_head(self.head, **self.head_args)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=16)
 def _orthogonal_matrix(seed: int, b: int, n: int) -> Array:
     """Block b's fixed orthogonal matrix, read-only and built once per process.
 
     A run builds its stage twice (the oracle engine and the exact-f engine);
     at d = 4096 each QR costs about 7 s on one core, so the fixed, untrained
     matrices are cached (weights of dense blocks are not: they get trained).
+    The runner clears the cache once its engines exist (``clear_block_cache``),
+    so a sweep of many points in one process does not keep their matrices.
     """
     q = Orthogonal.init(rng.init_generator(seed, b), n).q
     q.flags.writeable = False
     return q
+
+
+def clear_block_cache() -> None:
+    """Drop the cached orthogonal matrices (the stages that use them keep theirs)."""
+    _orthogonal_matrix.cache_clear()
 
 
 class Stage:

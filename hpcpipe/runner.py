@@ -21,7 +21,7 @@ from mpi4py import MPI
 from .clocks import CostModel
 from .config import ConfigError, RunConfig, check_output, validate
 from .engine import Engine
-from .model import stage_offsets
+from .model import clear_block_cache, stage_offsets
 from .optim import Method, State, theory_plan
 from .problems import Problem, attack, fewshot, l1_chain, max_chain, quad_chain
 from .recording import Recorder
@@ -157,6 +157,7 @@ def run(
         if cfg.eval_every
         else None
     )
+    clear_block_cache()  # both engines hold their layers now
     project = prob.project if comm.rank == 0 else (lambda v: v)
     state = State(method, eng.initial_point(), project)
     offsets = _offsets(prob, comm)
@@ -191,7 +192,7 @@ def run(
 
     if ev is not None and prob.f_star is not None:
         # f(θ₀) − f*: a study whose ε is above it measures nothing (θ₀ already reaches ε)
-        extra["initial_gap"] = exact_f(eng.initial_point())[0] - prob.f_star
+        extra["initial_gap"] = float(exact_f(eng.initial_point())[0] - prob.f_star)
 
     for it in range(state.t, T + 1):
         if inject is not None and inject[:2] == (comm.rank, it):
