@@ -5,7 +5,7 @@ Exit status 1 when a bound is violated; the same as `hpcpipe analyze`.
 
 import sys
 
-from hpcpipe.analysis.report import main
+from hpcpipe.studies.report import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

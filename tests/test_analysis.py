@@ -10,7 +10,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from hpcpipe.analysis.report import analyse, main
+from hpcpipe.studies.report import analyse, main
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from hpcpipe.cli import _overrides
-from hpcpipe.config import ConfigError, load
-from hpcpipe.results import load as load_result
+from hpcpipe.cli.main import _overrides
+from hpcpipe.run.config import ConfigError, load
+from hpcpipe.run.results import load as load_result
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 

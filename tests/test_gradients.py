@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from hpcpipe.layers import Dense, Identity, Orthogonal, ReLU
-from hpcpipe.losses import HEADS, make_head
-from hpcpipe.model import ModelSpec, random_batch
-from hpcpipe.reference import Reference
+from hpcpipe.model.layers import Dense, Identity, Orthogonal, ReLU
+from hpcpipe.model.losses import HEADS, make_head
+from hpcpipe.model.reference import Reference
+from hpcpipe.model.stages import ModelSpec, random_batch
 
 H = 1e-6
 TOL = 1e-6

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from hpcpipe import rng
-from hpcpipe.model import (
+from hpcpipe.model import rng
+from hpcpipe.model.stages import (
     ModelSpec,
     PartitionError,
     Stage,

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpcpipe.launch import mpiexec_command
+from hpcpipe.cli.launch import mpiexec_command
 
 HERE = Path(__file__).parent
 RANKS = 4

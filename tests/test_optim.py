@@ -6,12 +6,19 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcpipe.config import make_config
-from hpcpipe.model import Batch
-from hpcpipe.optim import theory_plan
-from hpcpipe.problems import attack, l1_chain, load_digits_split, logits, max_chain, quad_chain
-from hpcpipe.reference import Reference
-from hpcpipe.runner import run
+from hpcpipe.model.reference import Reference
+from hpcpipe.model.stages import Batch
+from hpcpipe.optim.methods import theory_plan
+from hpcpipe.problems.builtin import (
+    attack,
+    l1_chain,
+    load_digits_split,
+    logits,
+    max_chain,
+    quad_chain,
+)
+from hpcpipe.run.config import make_config
+from hpcpipe.run.runner import run
 
 SELF = MPI.COMM_SELF
 

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpcpipe.config import FIELDS, ConfigError, make_config, validate
-from hpcpipe.config import load as load_config
-from hpcpipe.results import load
-from hpcpipe.sweep import load_sweep
+from hpcpipe.run.config import FIELDS, ConfigError, make_config, validate
+from hpcpipe.run.config import load as load_config
+from hpcpipe.run.results import load
+from hpcpipe.studies.sweep import load_sweep
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 

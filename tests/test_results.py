@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcpipe.config import ConfigError, make_config
-from hpcpipe.results import ResultsError, load, load_dir
-from hpcpipe.runner import COLUMNS, run
-from hpcpipe.trace import chrome_trace, gantt_png, timeline_rows
+from hpcpipe.run.config import ConfigError, make_config
+from hpcpipe.run.results import ResultsError, load, load_dir
+from hpcpipe.run.runner import COLUMNS, run
+from hpcpipe.run.trace import chrome_trace, gantt_png, timeline_rows
 
 SELF = MPI.COMM_SELF
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")

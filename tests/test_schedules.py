@@ -2,8 +2,8 @@
 
 import pytest
 
-from hpcpipe import schedules as S
-from hpcpipe.schedules import Action, Schedule, ScheduleError
+from hpcpipe.pipeline import schedules as S
+from hpcpipe.pipeline.schedules import Action, Schedule, ScheduleError
 
 
 @pytest.mark.parametrize("name", ["sequential", "gpipe", "1f1b"])

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from hpcpipe import schedules
-from hpcpipe.simulator import closed_form, pipeline_speedup, simulate, simulate_uniform
+from hpcpipe.pipeline import schedules
+from hpcpipe.pipeline.simulator import closed_form, pipeline_speedup, simulate, simulate_uniform
 
 COSTS = [(1.0, 1.0, 0.0), (1.0, 2.0, 0.0), (0.3, 0.7, 0.05), (2.0, 1.0, 0.7), (1.0, 1.0, 3.0)]
 

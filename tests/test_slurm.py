@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcpipe.jobs import JobOptions, generate
-from hpcpipe.results import load
+from hpcpipe.run.results import load
+from hpcpipe.studies.jobs import JobOptions, generate
 
 HERE = Path(__file__).parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")

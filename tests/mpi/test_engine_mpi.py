@@ -5,9 +5,9 @@ import pytest
 from helpers import from_root, sub_comm
 from mpi4py import MPI
 
-from hpcpipe.engine import Engine
-from hpcpipe.model import ModelSpec, random_batch, stage_offsets
-from hpcpipe.reference import Reference
+from hpcpipe.model.reference import Reference
+from hpcpipe.model.stages import ModelSpec, random_batch, stage_offsets
+from hpcpipe.pipeline.engine import Engine
 
 SAMPLES, MICRO, M = 4, 2, 6  # n = 8 items, m = 6 examples, 3 per item
 SPECS = {

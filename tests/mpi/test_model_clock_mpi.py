@@ -7,11 +7,11 @@ import pytest
 from helpers import from_root, sub_comm
 from mpi4py import MPI
 
-from hpcpipe.clocks import CostModel
-from hpcpipe.engine import Engine
-from hpcpipe.model import ModelSpec, random_batch
-from hpcpipe.schedules import build
-from hpcpipe.simulator import closed_form, message_costs, simulate, stage_times
+from hpcpipe.model.stages import ModelSpec, random_batch
+from hpcpipe.pipeline.clocks import CostModel
+from hpcpipe.pipeline.engine import Engine
+from hpcpipe.pipeline.schedules import build
+from hpcpipe.pipeline.simulator import closed_form, message_costs, simulate, stage_times
 
 DEPTH, D, ROWS = 4, 5, 2
 COSTS = CostModel.uniform(DEPTH, 1e-3, 2e-3, alpha=5e-5, beta=1e-8)

@@ -5,10 +5,10 @@ import pytest
 from helpers import from_root, sub_comm
 from mpi4py import MPI
 
-from hpcpipe.config import make_config
-from hpcpipe.optim import State
-from hpcpipe.reference import Reference
-from hpcpipe.runner import gather_theta, make_method, make_problem, run
+from hpcpipe.model.reference import Reference
+from hpcpipe.optim.methods import State
+from hpcpipe.run.config import make_config
+from hpcpipe.run.runner import gather_theta, make_method, make_problem, run
 
 ITERS = 20
 CASES = {

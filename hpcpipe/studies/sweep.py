@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ConfigError, RunConfig, make_config, tomllib, validate
+from hpcpipe.run.config import ConfigError, RunConfig, make_config, tomllib, validate
 
 
 @dataclass
@@ -104,7 +104,7 @@ def load_sweep(path: str | Path, out: str | None = None) -> Sweep:
 
 def point_state(pt: Point) -> str:
     """'missing', 'complete', 'diverged', 'incomplete' or 'unreadable' for a point's file."""
-    from .results import ResultsError, load
+    from hpcpipe.run.results import ResultsError, load
 
     if not pt.path.exists():
         return "missing"
@@ -155,7 +155,7 @@ def run_points(comm, sweep: Sweep, indices: list[int] | None = None, log=print) 
     """Run the selected points (all by default) on this communicator; returns counts."""
     from mpi4py import MPI
 
-    from .runner import run
+    from hpcpipe.run.runner import run
 
     todo = [sweep.points[i] for i in (indices if indices is not None else range(len(sweep.points)))]
     counts = {"ran": 0, "resumed": 0, "skipped": 0}

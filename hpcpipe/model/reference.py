@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import rng
-from .layers import backward_layers, forward_layers
-from .model import VARIABLES, Batch, ModelSpec, Stage
+from hpcpipe.model import rng
+from hpcpipe.model.layers import backward_layers, forward_layers
+from hpcpipe.model.stages import VARIABLES, Batch, ModelSpec, Stage
 
 
 class Reference:

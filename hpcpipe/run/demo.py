@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 
-from .config import make_config
-from .problems import attack
-from .report import table
-from .runner import run
+from hpcpipe.problems.builtin import attack
+from hpcpipe.run.config import make_config
+from hpcpipe.run.runner import run
+from hpcpipe.run.table import table
 
 BASE = dict(
     problem="attack",

@@ -20,10 +20,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .optim import METHODS
-from .problems import PROBLEMS
-from .schedules import BUILDERS
-from .transport import WAIT_POLICIES
+from hpcpipe.optim.methods import METHODS
+from hpcpipe.pipeline.schedules import BUILDERS
+from hpcpipe.pipeline.transport import WAIT_POLICIES
+from hpcpipe.problems.builtin import PROBLEMS
 
 
 class ConfigError(ValueError):

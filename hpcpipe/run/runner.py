@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from .clocks import CostModel
-from .config import ConfigError, RunConfig, check_output, validate
-from .engine import Engine
-from .model import clear_block_cache, stage_offsets
-from .optim import Method, State, theory_plan
-from .problems import Problem, attack, fewshot, l1_chain, max_chain, quad_chain
-from .recording import Recorder
+from hpcpipe.model.stages import clear_block_cache, stage_offsets
+from hpcpipe.optim.methods import Method, State, theory_plan
+from hpcpipe.pipeline.clocks import CostModel
+from hpcpipe.pipeline.engine import Engine
+from hpcpipe.pipeline.recording import Recorder
+from hpcpipe.problems.builtin import Problem, attack, fewshot, l1_chain, max_chain, quad_chain
+from hpcpipe.run.config import ConfigError, RunConfig, check_output, validate
 
 COLUMNS = (
     "iteration",
@@ -288,7 +288,7 @@ def derived_figures(
     the schedule with t_F = t_B = layer_time per layer (no message cost) per
     iteration, and efficiency = prediction / measured pipeline time.
     """
-    from .simulator import simulate, stage_times
+    from hpcpipe.pipeline.simulator import simulate, stage_times
 
     S = eng.size
     busy = float(summary[:, 0].sum())
@@ -360,13 +360,13 @@ class _StopFlag:
 
 
 def _reopen_writer(path: str, comm, last_iteration: int, cfg: RunConfig):
-    from .results import Writer
+    from hpcpipe.run.results import Writer
 
     return Writer.reopen(path, last_iteration, COLUMNS) if comm.rank == 0 else None
 
 
 def _open_writer(cfg: RunConfig, comm, prob: Problem, method: Method, T: int, size: int):
-    from .results import Writer
+    from hpcpipe.run.results import Writer
 
     hosts = comm.gather(socket.gethostname(), root=0)
     if comm.rank != 0:
@@ -436,7 +436,7 @@ def _restore(
     path: str, comm, state: State, loop: dict, recorder: Recorder, offsets: list[int]
 ) -> None:
     """Load the optimizer state of an incomplete result file on every rank."""
-    from .results import ResultsError, read_state
+    from hpcpipe.run.results import ResultsError, read_state
 
     got = None
     if comm.rank == 0:

@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from .bench import machine_line
-from .engine import Engine
-from .model import ModelSpec, random_batch
-from .report import table
+from hpcpipe.bench.cases import machine_line
+from hpcpipe.model.stages import ModelSpec, random_batch
+from hpcpipe.pipeline.engine import Engine
+from hpcpipe.run.table import table
 
 
 def _torch():

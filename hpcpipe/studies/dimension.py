@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import StudyResult, Verdict, figure, files_of, loglog_slope, save_figure
+from hpcpipe.studies.common import StudyResult, Verdict, figure, files_of, loglog_slope, save_figure
 
 NAME = "dimension"
 

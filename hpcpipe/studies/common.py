@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..results import Result, load_dir
+from hpcpipe.run.results import Result, load_dir
 
 
 @dataclass

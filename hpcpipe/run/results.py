@@ -46,7 +46,7 @@ def versions() -> dict:
     import mpi4py
     from mpi4py import MPI
 
-    from . import __version__
+    from hpcpipe import __version__
 
     return {
         "hpcpipe": __version__,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import StudyResult, Verdict, figure, files_of, linfit, save_figure
+from hpcpipe.studies.common import StudyResult, Verdict, figure, files_of, linfit, save_figure
 
 NAME = "pipeline-time"
 TOL = {"model": 1e-9, "wall": 0.10}

@@ -14,12 +14,12 @@ import sys
 
 import numpy as np
 
-from .clocks import CostModel
-from .engine import Engine
-from .model import ModelSpec, random_batch
-from .report import table
-from .schedules import build
-from .simulator import simulate, stage_times
+from hpcpipe.model.stages import ModelSpec, random_batch
+from hpcpipe.pipeline.clocks import CostModel
+from hpcpipe.pipeline.engine import Engine
+from hpcpipe.pipeline.schedules import build
+from hpcpipe.pipeline.simulator import simulate, stage_times
+from hpcpipe.run.table import table
 
 
 def machine_line(comm) -> str:
@@ -167,7 +167,7 @@ def _pingpong_channel(comm, n_doubles: int, iters: int, waiter) -> float:
     """
     from mpi4py import MPI
 
-    from .transport import BWD, FWD, Channel
+    from hpcpipe.pipeline.transport import BWD, FWD, Channel
 
     peer = 1 - comm.rank
     send = Channel(comm, peer, FWD if comm.rank == 0 else BWD, True, [1], n_doubles)
@@ -220,7 +220,7 @@ def _bandwidth_channel(comm, n_doubles: int, window: int, reps: int, waiter) -> 
     """The same window over Channels: one persistent request per item, as in a GPipe call."""
     from mpi4py import MPI
 
-    from .transport import FWD, Channel
+    from hpcpipe.pipeline.transport import FWD, Channel
 
     peer = 1 - comm.rank
     ch = Channel(comm, peer, FWD, comm.rank == 0, [1] * window, n_doubles)
@@ -241,7 +241,7 @@ def _bandwidth_channel(comm, n_doubles: int, window: int, reps: int, waiter) -> 
 
 
 def bench_transport(comm, max_bytes: int, iters: int, wait: str) -> int:
-    from .transport import Waiter
+    from hpcpipe.pipeline.transport import Waiter
 
     if comm.size != 2:
         if comm.rank == 0:
@@ -303,7 +303,7 @@ def bench_transport(comm, max_bytes: int, iters: int, wait: str) -> int:
 
 def bench_simulate(repeats: int = 3, stages: int = 1024, items: int = 1024) -> int:
     """Simulator throughput in actions per second (one core, no MPI)."""
-    from .simulator import throughput
+    from hpcpipe.pipeline.simulator import throughput
 
     print("command: hpcpipe " + " ".join(sys.argv[1:]))
     print(
@@ -327,7 +327,7 @@ def _time_stage_compute(eng: Engine, rows: int, repeats: int = 50) -> tuple[floa
     """Median (t_F, t_B) of this rank's stage on one microbatch, measured in-process."""
     import time
 
-    from .layers import backward_layers, forward_layers
+    from hpcpipe.model.layers import backward_layers, forward_layers
 
     st = eng.stage
     g = np.random.default_rng(0)
@@ -499,7 +499,7 @@ def dense_case(comm, width: int, mb: int, M: int, repeats: int, schedule: str = 
 
 def _pingpong_channel_pair(comm, n_doubles: int, iters: int) -> float:
     """Median one-way latency between ranks 0 and 1 over Channels (others idle)."""
-    from .transport import Waiter
+    from hpcpipe.pipeline.transport import Waiter
 
     sub = comm.Split(0 if comm.rank < 2 else 1, comm.rank)
     lat = 0.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .runner import COLUMNS, RunResult
+from hpcpipe.run.runner import COLUMNS, RunResult
 
 
 def fmt(v: float) -> str:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import schedules
-from .clocks import CostModel
-from .model import partition
+from hpcpipe.model.stages import partition
+from hpcpipe.pipeline import schedules
+from hpcpipe.pipeline.clocks import CostModel
 
 
 @dataclass

@@ -24,10 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from . import rng, schedules
-from .clocks import CostModel, ModelClock, NoClock, WallClock, align_wall_clocks
-from .layers import backward_layers, forward_layers
-from .model import (
+from hpcpipe.model import rng
+from hpcpipe.model.layers import backward_layers, forward_layers
+from hpcpipe.model.stages import (
     VARIABLES,
     Batch,
     ModelSpec,
@@ -36,7 +35,9 @@ from .model import (
     partition,
     stage_offsets,
 )
-from .transport import BWD, FWD, Channel, Waiter
+from hpcpipe.pipeline import schedules
+from hpcpipe.pipeline.clocks import CostModel, ModelClock, NoClock, WallClock, align_wall_clocks
+from hpcpipe.pipeline.transport import BWD, FWD, Channel, Waiter
 
 # columns of the per-action event table of one call
 EV_WAIT, EV_READY, EV_END = 0, 1, 2

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import StudyResult, Verdict, figure, files_of, loglog_slope, save_figure
+from hpcpipe.studies.common import StudyResult, Verdict, figure, files_of, loglog_slope, save_figure
 
 NAME = "smooth"
 

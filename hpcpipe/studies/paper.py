@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import StudyResult, Verdict, figure, files_of, save_figure
+from hpcpipe.studies.common import StudyResult, Verdict, figure, files_of, save_figure
 
 NAME = "paper"
 

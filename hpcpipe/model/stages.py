@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import rng
-from .layers import Dense, Layer, Orthogonal, ReLU
-from .losses import LossHead, make_head
+from hpcpipe.model import rng
+from hpcpipe.model.layers import Dense, Layer, Orthogonal, ReLU
+from hpcpipe.model.losses import LossHead, make_head
 
 Array = np.ndarray
 

@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from .sweep import Sweep, load_sweep, write_grid
+from hpcpipe.studies.sweep import Sweep, load_sweep, write_grid
 
 LAUNCHERS = ("srun", "mpiexec")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import StudyResult, Verdict, figure, files_of, linfit, save_figure
+from hpcpipe.studies.common import StudyResult, Verdict, figure, files_of, linfit, save_figure
 
 NAME = "depth"
 

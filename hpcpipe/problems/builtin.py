@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import rng
-from .layers import forward_layers
-from .model import Batch, ModelSpec, Stage
+from hpcpipe.model import rng
+from hpcpipe.model.layers import forward_layers
+from hpcpipe.model.stages import Batch, ModelSpec, Stage
 
 PROBLEMS = ("l1-chain", "max-chain", "quad-chain", "attack", "fewshot")
 
@@ -187,8 +187,8 @@ def train_classifier(
     accuracy) on every rank. Cached under HPCPIPE_CACHE (default
     ~/.cache/hpcpipe), keyed by every setting that changes the result.
     """
-    from .engine import Engine
-    from .model import stage_offsets
+    from hpcpipe.model.stages import stage_offsets
+    from hpcpipe.pipeline.engine import Engine
 
     key = hashlib.sha256(repr((depth, width, seed, iterations, lr, momentum, 2)).encode())
     path = cache_dir() / f"digits-mlp-{key.hexdigest()[:16]}.npz"

@@ -10,8 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import depth, dimension, paper, pipeline_time, smooth
-from .common import StudyResult, load_records
+from hpcpipe.studies import depth, dimension, paper, pipeline_time, smooth
+from hpcpipe.studies.common import StudyResult, load_records
 
 STUDIES = {m.NAME: m for m in (pipeline_time, depth, dimension, smooth, paper)}
 

@@ -6,12 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import __version__
-from .config import ConfigError
+from hpcpipe import __version__
+from hpcpipe.run.config import ConfigError
 
 
 def cmd_schedule(args) -> int:
-    from . import schedules
+    from hpcpipe.pipeline import schedules
 
     sch = schedules.build(args.kind, args.stages, args.items).validate()
     print(sch.render(actions_per_line=args.width))
@@ -28,7 +28,7 @@ def cmd_info(args) -> int:
     print(f"hpcpipe {__version__}")
     print(f"numpy {numpy.__version__}, mpi4py {mpi4py.__version__}, h5py {h5py.__version__}")
     print(f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
-    from .launch import LauncherError, find_mpiexec
+    from hpcpipe.cli.launch import LauncherError, find_mpiexec
 
     try:
         print(f"mpiexec: {find_mpiexec()}")
@@ -62,7 +62,7 @@ def _relaunch(np_: int, argv: list[str]) -> int:
     import os
     import subprocess
 
-    from .launch import LauncherError, mpiexec_command
+    from hpcpipe.cli.launch import LauncherError, mpiexec_command
 
     try:
         cmd = mpiexec_command(np_, ["-m", "hpcpipe", *argv])
@@ -127,8 +127,8 @@ def _resume_config(path: str, extra: list[str]):
     """The config stored in an incomplete result, with overrides, writing to the same file."""
     import dataclasses
 
-    from .config import make_config
-    from .results import ResultsError, load
+    from hpcpipe.run.config import make_config
+    from hpcpipe.run.results import ResultsError, load
 
     try:
         r = load(path)
@@ -147,7 +147,7 @@ def _resume_config(path: str, extra: list[str]):
 
 
 def cmd_validate(args, extra: list[str], argv: list[str]) -> int:
-    from .config import ConfigError, load, validate
+    from hpcpipe.run.config import ConfigError, load, validate
 
     try:
         cfg = load(args.config, _overrides(extra))
@@ -175,7 +175,7 @@ def _default_output(cfg) -> str:
 def cmd_run(args, extra: list[str], argv: list[str]) -> int:
     import os
 
-    from .config import load, validate
+    from hpcpipe.run.config import load, validate
 
     try:
         if args.resume:
@@ -193,8 +193,8 @@ def cmd_run(args, extra: list[str], argv: list[str]) -> int:
     def body(comm):
         import dataclasses
 
-        from .report import print_run
-        from .runner import run
+        from hpcpipe.run.runner import run
+        from hpcpipe.run.table import print_run
 
         try:
             validate(cfg, comm.size, check_output=False)
@@ -223,7 +223,7 @@ def cmd_demo(args, extra: list[str], argv: list[str]) -> int:
         return _relaunch(args.np, _strip_np(argv))
 
     def body(comm):
-        from .demo import demo
+        from hpcpipe.run.demo import demo
 
         return demo(comm, budget=args.budget)
 
@@ -231,8 +231,8 @@ def cmd_demo(args, extra: list[str], argv: list[str]) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from . import schedules
-    from .simulator import closed_form, gantt_rows, simulate_uniform
+    from hpcpipe.pipeline import schedules
+    from hpcpipe.pipeline.simulator import closed_form, gantt_rows, simulate_uniform
 
     res = simulate_uniform(
         args.schedule,
@@ -260,7 +260,7 @@ def cmd_simulate(args) -> int:
     except ValueError as e:
         print(f"closed form: {e}")
     if args.plot:
-        from .trace import gantt_png
+        from hpcpipe.run.trace import gantt_png
 
         gantt_png(
             gantt_rows(res),
@@ -274,7 +274,7 @@ def cmd_simulate(args) -> int:
 
 def _load_result(path: str):
     """The result at path, or None after printing why it cannot be read."""
-    from .results import ResultsError, load
+    from hpcpipe.run.results import ResultsError, load
 
     try:
         return load(path)
@@ -284,7 +284,7 @@ def _load_result(path: str):
 
 
 def cmd_trace(args) -> int:
-    from .trace import write_trace
+    from hpcpipe.run.trace import write_trace
 
     r = _load_result(args.result)
     if r is None:
@@ -296,7 +296,7 @@ def cmd_trace(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from .trace import gantt_png, timeline_rows
+    from hpcpipe.run.trace import gantt_png, timeline_rows
 
     r = _load_result(args.result)
     if r is None:
@@ -321,7 +321,7 @@ def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
     import os
 
     if args.case == "simulate":
-        from .bench import bench_simulate
+        from hpcpipe.bench.cases import bench_simulate
 
         return bench_simulate(args.repeats)
     if not os.environ.get(INSIDE):
@@ -329,7 +329,7 @@ def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
             import importlib.util
 
             if importlib.util.find_spec("torch") is None:
-                from .peer import INSTALL
+                from hpcpipe.bench.peer import INSTALL
 
                 print(f"hpcpipe: {INSTALL}", file=sys.stderr)
                 return 2
@@ -337,13 +337,13 @@ def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
         return _relaunch(np_, _strip_np(argv))
 
     def body(comm):
-        from . import bench
+        from hpcpipe.bench import cases as bench
 
         ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
         if args.case == "transport":
             return bench.bench_transport(comm, args.max_bytes, args.iters, args.wait)
         if args.case == "peer":
-            from .peer import bench_peer
+            from hpcpipe.bench.peer import bench_peer
 
             return bench_peer(
                 comm, ints(args.width), ints(args.mb), ints(args.micro), args.repeats, args.port
@@ -368,7 +368,7 @@ def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
 def cmd_sweep(args, extra: list[str], argv: list[str]) -> int:
     import os
 
-    from .sweep import describe, load_sweep, main_inside
+    from hpcpipe.studies.sweep import describe, load_sweep, main_inside
 
     try:
         sweep = load_sweep(args.sweep, args.out)
@@ -394,13 +394,13 @@ def cmd_sweep(args, extra: list[str], argv: list[str]) -> int:
 
 
 def cmd_analyze(args, extra: list[str], argv: list[str]) -> int:
-    from .analysis.report import main as analyze
+    from hpcpipe.studies.report import main as analyze
 
     return analyze(extra)
 
 
 def cmd_jobs(args) -> int:
-    from .jobs import JobOptions, generate
+    from hpcpipe.studies.jobs import JobOptions, generate
 
     opts = JobOptions(
         partition=args.partition,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .engine import EV_END, EV_READY, EV_WAIT, Engine
+from hpcpipe.pipeline.engine import EV_END, EV_READY, EV_WAIT, Engine
 
 N_FIELDS = 8  # iteration, rank, stage, kind, item, wait, start, end
 

@@ -1,0 +1,1 @@
+"""Benchmark cases: each prints its figures with their units and a sanity check."""

@@ -1,0 +1,1 @@
+"""Optimizers (GD, AGD, PPRS) over explicit state, and the theory settings."""

@@ -1,0 +1,109 @@
+"""Registries: the extension points of hpcpipe, looked up by name.
+
+Schedules, problems, optimizers and executors each have one ``Registry``.
+The command line's choices, the configuration checks, the docs and the
+analysis all read the same registry, so a part registered once is known
+everywhere. A name of the form ``package.module:attribute`` names a user's own
+part: the module is imported and the attribute is registered under that name
+on first use, so a result file records exactly where it came from.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import re
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
+_REF = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*\Z")
+
+
+class RegistryError(ValueError):
+    """An unknown or badly formed name; the message lists what is allowed."""
+
+
+class Registry(Generic[T]):
+    """Names → entries of one kind (``what``: "schedule", "problem", ...).
+
+    ``register(name, entry)`` adds an entry (a decorator when ``entry`` is
+    omitted); ``get(name)`` returns it, importing ``module:attr`` names on
+    demand; ``names()`` lists the built-in and registered names in order.
+    """
+
+    def __init__(self, what: str, load: Callable[[object, str], T] | None = None):
+        self.what = what
+        self._entries: dict[str, T] = {}
+        self._load = load  # turns an imported attribute into an entry (default: as is)
+
+    def register(self, name: str, entry: T | None = None, *, replace: bool = False):
+        if not isinstance(name, str) or not (_NAME.match(name) or _REF.match(name)):
+            raise RegistryError(
+                f"{self.what} name {name!r} is not allowed: use lower-case letters, digits, "
+                "'-', '_' and '.', or package.module:attribute"
+            )
+
+        def add(e: T) -> T:
+            if name in self._entries and not replace:
+                raise RegistryError(
+                    f"{self.what} {name!r} is already registered; pass replace=True to replace it"
+                )
+            self._entries[name] = e
+            return e
+
+        return add if entry is None else add(entry)
+
+    def get(self, name: str) -> T:
+        if name in self._entries:
+            return self._entries[name]
+        if isinstance(name, str) and _REF.match(name):
+            self._entries[name] = self._import(name)
+            return self._entries[name]
+        close = difflib.get_close_matches(str(name), list(self._entries), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise RegistryError(
+            f"unknown {self.what} {name!r}{hint}: choose one of {', '.join(self._entries)}, "
+            "or name your own as package.module:attribute"
+        )
+
+    def check(self, name: str) -> str | None:
+        """The error message for ``name``, or None when it resolves."""
+        try:
+            self.get(name)
+        except RegistryError as e:
+            return str(e)
+        return None
+
+    def _import(self, ref: str) -> T:
+        module, _, attr = ref.partition(":")
+        try:
+            obj: object = importlib.import_module(module)
+        except ImportError as e:
+            raise RegistryError(
+                f"{self.what} {ref!r}: cannot import module {module!r} ({e}); "
+                "is it installed or on PYTHONPATH?"
+            ) from None
+        for part in attr.split("."):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError:
+                raise RegistryError(
+                    f"{self.what} {ref!r}: module {module!r} has no attribute {attr!r}"
+                ) from None
+        return self._load(obj, ref) if self._load is not None else obj  # type: ignore[return-value]
+
+    def names(self) -> list[str]:
+        """Registered names, in registration order (``module:attr`` ones after use)."""
+        return list(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.what!r}, {self.names()})"

@@ -1,0 +1,1 @@
+"""One run: configuration, the run loop, HDF5 results, traces and tables."""

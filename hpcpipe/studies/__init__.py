@@ -1,0 +1,1 @@
+"""Scaling studies: sweeps, Slurm job folders and the analysis of their results."""
