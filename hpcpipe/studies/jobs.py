@@ -17,15 +17,35 @@ Re-running ``submit.sh`` skips complete points and resumes incomplete ones.
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcpipe.run.config import ConfigError
 from hpcpipe.studies.sweep import Sweep, load_sweep, write_grid
 
 LAUNCHERS = ("srun", "mpiexec")
+
+# Slurm's own syntax (sbatch(1) --time, slurm.conf PartitionName, sacctmgr account names,
+# srun --mpi plugin types). Values written into #SBATCH lines or an unquoted command word
+# must match these; everything else is shlex.quote'd.
+_TIME = re.compile(
+    r"(?:[0-9]+|[0-9]+:[0-9]{1,2}|[0-9]+:[0-9]{1,2}:[0-9]{1,2}"
+    r"|[0-9]+-[0-9]{1,2}(?::[0-9]{1,2}){0,2}|UNLIMITED|INFINITE)"
+)
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+SYNTAX = {
+    "time": (_TIME, "MINUTES, MM:SS, HH:MM:SS, DAYS-HH, DAYS-HH:MM[:SS] or UNLIMITED"),
+    "partition": (
+        re.compile(r"[A-Za-z0-9_.-]{1,64}(?:,[A-Za-z0-9_.-]{1,64})*"),
+        "a partition name (letters, digits, _ . -), or several separated by commas",
+    ),
+    "account": (_NAME, "an account name (letters, digits, _ . -)"),
+    "mpi": (re.compile(r"[A-Za-z0-9_]{1,32}"), "an srun --mpi plugin type, e.g. pmi2, pmix"),
+}
 
 
 @dataclass
@@ -42,7 +62,30 @@ class JobOptions:
     overcommit: bool = False  # more tasks than cores (small test clusters)
 
 
+def check_options(opts: JobOptions) -> None:
+    """Refuse any option that is not in Slurm's own syntax (ConfigError naming the option)."""
+    if opts.launcher not in LAUNCHERS:
+        raise ConfigError(f"--launcher {opts.launcher!r}: choose one of {', '.join(LAUNCHERS)}")
+    for name, (pattern, allowed) in SYNTAX.items():
+        value = getattr(opts, name)
+        if (value or name in ("time", "mpi")) and not pattern.fullmatch(value):
+            raise ConfigError(f"--{name} {value!r} is not valid Slurm syntax: write {allowed}")
+    for name in ("nodes", "tasks_per_node"):
+        value = getattr(opts, name)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1_000_000:
+            flag = "--" + name.replace("_", "-").replace("tasks", "ntasks")
+            raise ConfigError(f"{flag} {value!r}: expected a whole number >= 0 (0: unset)")
+    for name in ("python", "activate"):  # shlex.quote'd; a control character is refused
+        value = getattr(opts, name)
+        if any(ord(c) < 32 or ord(c) == 127 for c in value) or (name == "python" and not value):
+            raise ConfigError(
+                f"--{name} {value!r}: a path without control characters (newlines, tabs) is needed"
+            )
+
+
 def _header(name: str, opts: JobOptions, extra: list[str]) -> list[str]:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", name):  # sweep names are checked on load
+        raise ConfigError(f"job name {name!r}: letters, digits, _ . - only")
     lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --time={opts.time}"]
     if opts.partition:
         lines.append(f"#SBATCH --partition={opts.partition}")
@@ -132,9 +175,12 @@ echo "${{ids[*]}} ${{aid%%;*}}" > submitted.txt
 
 
 def generate(sweep_path: str, out: str | Path, opts: JobOptions) -> list[Path]:
-    """Write the job folder; returns the files written."""
-    if opts.launcher not in LAUNCHERS:
-        raise ValueError(f"launcher {opts.launcher!r}: choose one of {', '.join(LAUNCHERS)}")
+    """Write the job folder; returns the files written.
+
+    Every option and every sweep field is checked before anything is written.
+    """
+    check_options(opts)
+    load_sweep(sweep_path)  # the sweep must be valid before the folder is made
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(sweep_path, out / "sweep.toml")

@@ -18,6 +18,8 @@ ranks wait without spinning.
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import itertools
 import json
 import re
@@ -53,8 +55,50 @@ class Sweep:
         return max(p.ranks for p in self.points)
 
 
+SWEEP_KEYS = ("name", "out", "ranks")
+_SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_LABEL = 120  # bytes of a point's label in its file name (file systems allow 255)
+
+
 def _slug(v) -> str:
-    return re.sub(r"[^A-Za-z0-9.+-]", "_", str(v))
+    """A file-name-safe form of a label or grid value: no separators, no dot-only names."""
+    text = re.sub(r"[^A-Za-z0-9.+=-]", "_", str(v))
+    return re.sub(r"\.{2,}", "_", text)
+
+
+def _label(parts: list[str]) -> str:
+    label = "-".join(parts) or "point"
+    if len(label) > MAX_LABEL:  # keep it unique: a digest of the whole label
+        digest = hashlib.sha256(label.encode()).hexdigest()[:10]
+        label = f"{label[: MAX_LABEL - 11]}~{digest}"
+    return label
+
+
+def _ranks(value, name: str) -> int | str:
+    """[sweep] ranks: a whole number >= 1, or "depth"."""
+    if value == "depth":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
+        raise ConfigError(
+            f"sweep {name}: ranks = {value!r} is not allowed: "
+            'write a whole number >= 1 (e.g. ranks = 4) or ranks = "depth"'
+        )
+    return value
+
+
+def _head(data: dict, path) -> dict:
+    head = data.get("sweep", {})
+    if not isinstance(head, dict):
+        raise ConfigError(f"sweep file {path}: [sweep] must be a table")
+    for key in head:
+        if key not in SWEEP_KEYS:
+            close = difflib.get_close_matches(key, SWEEP_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"sweep file {path}: unknown key sweep.{key}{hint}; "
+                f"[sweep] has {', '.join(SWEEP_KEYS)}"
+            )
+    return head
 
 
 def load_sweep(path: str | Path, out: str | None = None) -> Sweep:
@@ -64,7 +108,7 @@ def load_sweep(path: str | Path, out: str | None = None) -> Sweep:
         raise ConfigError(f"sweep file {str(path)!r} does not exist")
     try:
         data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as e:
         raise ConfigError(f"sweep file {str(path)!r} is not valid TOML: {e}") from None
     unknown = set(data) - {"sweep", "base", "grid", "cases"}
     if unknown:
@@ -72,33 +116,50 @@ def load_sweep(path: str | Path, out: str | None = None) -> Sweep:
             f"sweep file {path}: unknown table(s) {sorted(unknown)}; "
             "use [sweep], [base], [grid], [[cases]]"
         )
-    head = data.get("sweep", {})
-    name = str(head.get("name", p.stem))
-    outdir = Path(out or head.get("out", f"results/{name}"))
-    ranks = head.get("ranks", 1)
+    head = _head(data, path)
+    name = head.get("name", p.stem)
+    if not isinstance(name, str) or not _SWEEP_NAME.fullmatch(name):
+        raise ConfigError(
+            f"sweep file {path}: name = {name!r} is not allowed: "
+            "letters, digits, _ . - (at most 64, starting with a letter or digit)"
+        )
+    outdir = out or head.get("out", f"results/{name}")
+    if not isinstance(outdir, str) or not outdir or "\0" in outdir:
+        raise ConfigError(f"sweep file {path}: out = {outdir!r} must be a folder path")
+    outdir = Path(outdir)
+    ranks = _ranks(head.get("ranks", 1), name)
     base = data.get("base", {})
     grid = data.get("grid", {})
+    if not isinstance(base, dict) or not isinstance(grid, dict):
+        raise ConfigError(f"sweep file {path}: [base] and [grid] must be tables")
     for k, v in grid.items():
         if not isinstance(v, list) or not v:
             raise ConfigError(f"sweep file {path}: grid.{k} must be a non-empty list")
     cases = data.get("cases", [{}])
+    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases) or not cases:
+        raise ConfigError(f"sweep file {path}: cases must be [[cases]] tables")
     keys = list(grid)
     points = []
     for ci, case in enumerate(cases):
         case = dict(case)
-        clabel = str(case.pop("label", "" if len(cases) == 1 else f"case{ci}"))
+        clabel = _slug(case.pop("label", "" if len(cases) == 1 else f"case{ci}"))
         for combo in itertools.product(*(grid[k] for k in keys)):
             values = {**base, **case, **dict(zip(keys, combo))}
             idx = len(points)
             parts = ([clabel] if clabel else []) + [f"{k}={_slug(v)}" for k, v in zip(keys, combo)]
-            label = "-".join(parts) or "point"
+            label = _label(parts)
             try:
                 cfg = make_config({**values, "output": ""})
-                n = cfg.depth if ranks == "depth" else int(ranks)
+                n = cfg.depth if ranks == "depth" else ranks
                 validate(cfg, n, check_output=False)
             except (ConfigError, ValueError) as e:
                 raise ConfigError(f"sweep {name}, point {idx} ({label}): {e}") from None
-            points.append(Point(idx, label, values, outdir / f"{idx:04d}-{label}.h5", n))
+            file = outdir / f"{idx:04d}-{label}.h5"
+            if file.parent != outdir or file.name in (".", ".."):  # cannot happen after _slug
+                raise ConfigError(f"sweep {name}, point {idx}: label {label!r} leaves {outdir}")
+            points.append(Point(idx, label, values, file, n))
+    if not points:
+        raise ConfigError(f"sweep file {path}: no points")
     return Sweep(name, outdir, points, str(p))
 
 
