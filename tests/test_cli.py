@@ -70,6 +70,7 @@ def test_run_self_launches_on_two_ranks_and_writes_a_result_by_default(tmp_path)
     r = load_result(files[0])
     figs = json.loads(r.attrs["figures"])
     assert r.status == "complete" and r.attrs["n_ranks"] == 2
+    assert r.attrs["command"].startswith("python -m hpcpipe run --np 2 --problem l1-chain")
     assert 0 < figs["bubble_fraction"] < 1 and 0 < figs["efficiency"] <= 1.05
     assert figs["predicted_pipeline_time"] == pytest.approx(5 * 2 * 2 * 0.001)
 

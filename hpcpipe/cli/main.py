@@ -1,4 +1,4 @@
-"""The ``hpcpipe`` command line."""
+"""The hpcpipe command line: run, sweep, analyze, simulate, trace and plot."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 
 from hpcpipe import __version__
+from hpcpipe.cli.settings import add_settings, given
 from hpcpipe.run.config import ConfigError
+
+DESCRIPTION = (
+    "hpcpipe: pipeline-parallel optimization (GD, AGD, PPRS) over MPI ranks; "
+    "each command has its own --help."
+)
+DEFAULT_OUTPUT = "runs/<problem>-<optimizer>-<time>-<pid>.h5"
 
 
 def cmd_schedule(args) -> int:
@@ -41,12 +48,20 @@ INSIDE = "HPCPIPE_INSIDE_MPI"
 
 
 def _overrides(extra: list[str]) -> list[str]:
-    """``--key value`` / ``--key=value`` / ``key=value`` words into ``key=value`` items."""
+    """``--key value`` / ``--key=value`` / ``key=value`` words into ``key=value`` items.
+
+    The settings' own options are parsed by argparse; what is left here is an
+    unknown ``--key``, which stops with the config error naming the closest key.
+    """
+    from hpcpipe.run.config import FIELDS, unknown_key
+
     out, i = [], 0
     while i < len(extra):
         w = extra[i]
         if w.startswith("--"):
             w = w[2:]
+            if w.split("=", 1)[0].replace("-", "_") not in FIELDS:
+                raise unknown_key(w.split("=", 1)[0])
             if "=" not in w:
                 if i + 1 >= len(extra):
                     raise SystemExit(f"hpcpipe: option --{w} needs a value")
@@ -123,7 +138,7 @@ def _strip_np(argv: list[str]) -> list[str]:
     return out
 
 
-def _resume_config(path: str, extra: list[str]):
+def _resume_config(path: str, items: list[str]):
     """The config stored in an incomplete result, with overrides, writing to the same file."""
     import dataclasses
 
@@ -139,7 +154,7 @@ def _resume_config(path: str, extra: list[str]):
             f"--resume {path}: status is {r.status!r}; only an incomplete run can be resumed"
         )
     values = dict(r.config)
-    for item in _overrides(extra):
+    for item in items:
         k, v = item.split("=", 1)
         values[k.replace("-", "_")] = v
     cfg = make_config({**values, "output": ""})
@@ -150,7 +165,7 @@ def cmd_validate(args, extra: list[str], argv: list[str]) -> int:
     from hpcpipe.run.config import ConfigError, load, validate
 
     try:
-        cfg = load(args.config, _overrides(extra))
+        cfg = load(args.config, given(args) + _overrides(extra))
         validate(cfg, args.np or None)
     except ConfigError as e:
         print(f"hpcpipe: config error: {e}", file=sys.stderr)
@@ -164,7 +179,7 @@ def cmd_validate(args, extra: list[str], argv: list[str]) -> int:
 
 
 def _default_output(cfg) -> str:
-    """runs/<problem>-<optimizer>-<time>-<pid>.h5: a new file for every run."""
+    """DEFAULT_OUTPUT: a new file for every run (time stamp and process id)."""
     import os
     import time
 
@@ -179,9 +194,9 @@ def cmd_run(args, extra: list[str], argv: list[str]) -> int:
 
     try:
         if args.resume:
-            cfg = _resume_config(args.resume, extra)
+            cfg = _resume_config(args.resume, given(args) + _overrides(extra))
         else:
-            cfg = load(args.config, _overrides(extra))
+            cfg = load(args.config, given(args) + _overrides(extra))
         if args.np:
             validate(cfg, args.np, check_output=not args.resume)
     except ConfigError as e:
@@ -426,27 +441,39 @@ def cmd_jobs(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hpcpipe", description=__doc__)
+    p = argparse.ArgumentParser(prog="hpcpipe", description=DESCRIPTION)
     p.add_argument("--version", action="version", version=f"hpcpipe {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("schedule", help="print a schedule's per-stage action table")
-    s.add_argument("kind", choices=["sequential", "gpipe", "1f1b"])
-    s.add_argument("--stages", type=int, default=4)
-    s.add_argument("--items", type=int, default=8)
+    s = sub.add_parser(
+        "schedule",
+        help="print a schedule's per-stage action table",
+        description="Print which action (sF(i): forward of item i, sB(i): backward) "
+        "each stage runs, in order, and the most items a stage holds at once.",
+    )
+    s.add_argument("kind", choices=["sequential", "gpipe", "1f1b"], help="the schedule")
+    s.add_argument("--stages", type=int, default=4, help="pipeline stages S (default 4)")
+    s.add_argument("--items", type=int, default=8, help="work items n per call (default 8)")
     s.add_argument("--width", type=int, default=None, help="at most this many actions per row")
     s.set_defaults(func=cmd_schedule)
 
-    s = sub.add_parser("run", help="one optimisation run (under mpiexec, or --np P to launch)")
-    s.add_argument("--config", help="TOML file of settings (see README); --key value overrides")
+    s = sub.add_parser(
+        "run",
+        help="one optimisation run (under mpiexec, or --np P to launch)",
+        description="One optimisation run. Settings come from --config FILE (TOML) and "
+        "the --key VALUE options below, which override the file.",
+        allow_abbrev=False,
+    )
+    s.add_argument("--config", help="TOML file of settings (flat keys or a [run] table)")
     s.add_argument("--np", type=int, default=0, help="launch itself under mpiexec -n NP")
     s.add_argument("--every", type=int, default=0, help="print every N-th iteration row")
     s.add_argument("--resume", metavar="FILE", help="continue an incomplete result file")
     s.add_argument(
         "--no-output",
         action="store_true",
-        help="print the table only (default: write runs/<problem>-<opt>-<time>.h5)",
+        help=f"print the table only (default: write {DEFAULT_OUTPUT}, or --output)",
     )
+    add_settings(s)
     s.set_defaults(func=cmd_run, takes_extra=True)
 
     s = sub.add_parser("sweep", help="run a grid of configurations, one HDF5 file per point")
@@ -479,9 +506,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--overcommit", action="store_true", help="allow more tasks than cores")
     s.set_defaults(func=cmd_jobs)
 
-    s = sub.add_parser("validate", help="check a configuration without running it")
-    s.add_argument("config", nargs="?", help="TOML file; --key value overrides")
+    s = sub.add_parser(
+        "validate",
+        help="check a configuration without running it",
+        description="Check a configuration (a TOML file, the --key VALUE options, or both) "
+        "without running it.",
+        allow_abbrev=False,
+    )
+    s.add_argument("config", nargs="?", help="TOML file (optional)")
     s.add_argument("--np", type=int, default=0, help="check it fits this many ranks")
+    add_settings(s)
     s.set_defaults(func=cmd_validate, takes_extra=True)
 
     s = sub.add_parser("demo", help="GD vs AGD vs PPRS on the digits attack, 4 local ranks")
@@ -489,26 +523,35 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--budget", type=float, default=0.0, help="pipeline time budget in tau")
     s.set_defaults(func=cmd_demo, takes_extra=True)
 
-    s = sub.add_parser("simulate", help="time a schedule without MPI (discrete events)")
-    s.add_argument("schedule", choices=["sequential", "gpipe", "1f1b"])
-    s.add_argument("--stages", type=int, default=4)
-    s.add_argument("--items", type=int, default=8)
-    s.add_argument("--t-forward", type=float, default=1.0)
-    s.add_argument("--t-backward", type=float, default=1.0)
-    s.add_argument("--message", type=float, default=0.0, help="cost of every message")
+    s = sub.add_parser(
+        "simulate",
+        help="time a schedule without MPI (discrete events)",
+        description="Time a schedule by discrete-event simulation (no MPI): makespan, "
+        "bubble fraction and the closed form, in model units (tau).",
+    )
+    s.add_argument("schedule", choices=["sequential", "gpipe", "1f1b"], help="the schedule")
+    s.add_argument("--stages", type=int, default=4, help="pipeline stages S (default 4)")
+    s.add_argument("--items", type=int, default=8, help="work items n per call (default 8)")
+    s.add_argument(
+        "--t-forward", type=float, default=1.0, help="cost of a forward action (default 1)"
+    )
+    s.add_argument(
+        "--t-backward", type=float, default=1.0, help="cost of a backward action (default 1)"
+    )
+    s.add_argument("--message", type=float, default=0.0, help="cost of every message (default 0)")
     s.add_argument("--plot", metavar="PNG", help="draw the Gantt chart to this file")
     s.set_defaults(func=cmd_simulate)
 
     s = sub.add_parser("trace", help="a result's timeline as Chrome trace JSON (Perfetto)")
-    s.add_argument("result")
-    s.add_argument("-o", "--output", required=True)
+    s.add_argument("result", help="HDF5 result file")
+    s.add_argument("-o", "--output", required=True, help="JSON file to write")
     s.add_argument("--iteration", type=int, default=0, help="only this iteration")
     s.set_defaults(func=cmd_trace)
 
     s = sub.add_parser("plot", help="pictures of a result")
-    s.add_argument("what", choices=["timeline"])
-    s.add_argument("result")
-    s.add_argument("-o", "--output", required=True)
+    s.add_argument("what", choices=["timeline"], help="timeline: Gantt chart of an iteration")
+    s.add_argument("result", help="HDF5 result file")
+    s.add_argument("-o", "--output", required=True, help="PNG file to write")
     s.add_argument("--iteration", type=int, default=0, help="default: the last recorded")
     s.set_defaults(func=cmd_plot)
 
@@ -535,8 +578,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+COMMAND = "HPCPIPE_COMMAND"
+
+
+def typed_command(argv: list[str]) -> str:
+    """The command as the user typed it (``hpcpipe ...`` or ``python -m hpcpipe ...``)."""
+    import shlex
+
+    prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "hpcpipe"
+    words = ["hpcpipe"] if prog == "hpcpipe" else ["python", "-m", "hpcpipe"]
+    return shlex.join([*words, *argv])
+
+
 def main(argv: list[str] | None = None) -> int:
+    import os
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not os.environ.get(INSIDE):  # the relaunched ranks inherit it; results store it
+        os.environ[COMMAND] = typed_command(argv)
     args, extra = build_parser().parse_known_args(argv)
     if getattr(args, "takes_extra", False):
         return args.func(args, extra, argv)

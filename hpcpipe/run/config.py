@@ -30,43 +30,79 @@ class ConfigError(ValueError):
     """A configuration that makes no sense; the message names the field and the fix."""
 
 
+PROBLEM, OPTIMIZER, STOPPING, PIPELINE, OUTPUT, TESTING = (
+    "problem",
+    "optimizer",
+    "stopping and evaluation",
+    "pipeline and clock",
+    "output",
+    "testing",
+)
+GROUPS = (PROBLEM, OPTIMIZER, STOPPING, PIPELINE, OUTPUT, TESTING)
+
+
+def setting(default, meaning: str, group: str):
+    """A configuration key: its default, what it means (the help text) and its group."""
+    return dataclasses.field(default=default, metadata={"help": meaning, "group": group})
+
+
 @dataclass
 class RunConfig:
-    problem: str = "l1-chain"
-    depth: int = 4
-    width: int = 32  # hidden width of the digits MLP
-    dim: int = 16  # dimension d of the convex chains
-    m: int = 1  # examples per oracle call (images for the attack)
-    microbatches: int = 0  # 0: one example per work item (M = m)
-    schedule: str = "gpipe"
-    optimizer: str = "pprs"
-    mode: str = "practical"  # or "theory": lr, iterations, gamma, samples from epsilon
-    lr: float = 1e-2
-    momentum: str = "nesterov"  # or a number in [0, 1)
-    gamma: float = 0.0
-    samples: int = 1
-    epsilon: float = 0.0
-    iterations: int = 100
-    time_budget: float = 0.0  # stop when the pipeline (model) time reaches it; 0: off
-    seed: int = 0
-    radius: float = 0.1  # attack: l-infinity radius
-    clock: str = "model"
-    t_forward: float = 1.0  # model cost of one layer's forward, in tau units
-    t_backward: float = 1.0
-    alpha: float = 0.0
-    beta: float = 0.0
-    layer_time: float = 0.0  # emulated compute per layer and action, seconds
-    wait: str = "auto"
-    eval_every: int = 1
-    diverge_factor: float = 1e3
-    output: str = ""  # HDF5 result file ("" : print the table only)
-    tag: str = ""  # free label stored with the result (sweeps: the study it belongs to)
-    flush_every: int = 10  # iterations between HDF5 flushes
-    timeline_limit: int = 50  # record every action of the first N iterations ...
-    timeline_every: int = 10  # ... then of every N-th iteration
-    progress: str = "auto"  # auto | bar | lines | off
-    timeout: float = 0.0  # watchdog: abort when a rank waits this long for a message; 0: off
-    inject_failure: str = ""  # testing: "RANK:ITERATION" raises there, ":hang" stops there
+    """Every setting of a run: the one schema that the CLI help, TOML files and checks read."""
+
+    problem: str = setting("l1-chain", "problem to optimise", PROBLEM)
+    depth: int = setting(4, "layers (blocks) of the model: depth Delta", PROBLEM)
+    width: int = setting(32, "hidden width of the digits MLP (attack, fewshot)", PROBLEM)
+    dim: int = setting(16, "dimension d of the convex chains", PROBLEM)
+    m: int = setting(1, "examples per oracle call (images for the attack)", PROBLEM)
+    microbatches: int = setting(
+        0, "work items M per sample; 0 means one per example (M = m)", PROBLEM
+    )
+    schedule: str = setting("gpipe", "pipeline schedule of one oracle call", PIPELINE)
+    optimizer: str = setting("pprs", "optimization method", OPTIMIZER)
+    mode: str = setting(
+        "practical", "theory: lr, iterations, gamma, samples follow from epsilon", OPTIMIZER
+    )
+    lr: float = setting(1e-2, "step size eta", OPTIMIZER)
+    momentum: str = setting(
+        "nesterov", "'nesterov' ((t-1)/(t+2)) or a constant momentum in [0, 1)", OPTIMIZER
+    )
+    gamma: float = setting(0.0, "smoothing radius gamma of PPRS (0: no smoothing)", OPTIMIZER)
+    samples: int = setting(1, "smoothing samples K per iteration (PPRS)", OPTIMIZER)
+    epsilon: float = setting(0.0, "target accuracy f - f* (theory mode plans from it)", OPTIMIZER)
+    iterations: int = setting(100, "iterations T (theory mode: planned from epsilon)", STOPPING)
+    time_budget: float = setting(0.0, "stop when the pipeline time reaches it (0: off)", STOPPING)
+    seed: int = setting(0, "seed of the problem, the model and the noise", PROBLEM)
+    radius: float = setting(0.1, "l-infinity radius of the attack", PROBLEM)
+    clock: str = setting(
+        "model", "clock of the pipeline time: model (tau units) or wall (s)", PIPELINE
+    )
+    t_forward: float = setting(1.0, "model cost of one layer's forward, in tau", PIPELINE)
+    t_backward: float = setting(1.0, "model cost of one layer's backward, in tau", PIPELINE)
+    alpha: float = setting(0.0, "model cost of a message: alpha + bytes * beta (alpha)", PIPELINE)
+    beta: float = setting(0.0, "model cost of a message: alpha + bytes * beta (beta)", PIPELINE)
+    layer_time: float = setting(
+        0.0, "emulated compute per layer and action, in seconds (0: none)", PIPELINE
+    )
+    wait: str = setting("auto", "how a rank waits for a message", PIPELINE)
+    eval_every: int = setting(1, "exact f(theta_t) every N iterations (0: never)", STOPPING)
+    diverge_factor: float = setting(
+        1e3, "diverged when the loss grows by this factor times max(|f0|, 1)", STOPPING
+    )
+    output: str = setting(
+        "", "HDF5 result file (hpcpipe run: default runs/...; see --no-output)", OUTPUT
+    )
+    tag: str = setting("", "free label stored with the result (sweeps: the study)", OUTPUT)
+    flush_every: int = setting(10, "iterations between HDF5 flushes", OUTPUT)
+    timeline_limit: int = setting(50, "record every action of the first N iterations", OUTPUT)
+    timeline_every: int = setting(10, "then record every N-th iteration", OUTPUT)
+    progress: str = setting("auto", "progress display on rank 0", OUTPUT)
+    timeout: float = setting(
+        0.0, "watchdog: abort when a rank waits this long (s) for a message (0: off)", PIPELINE
+    )
+    inject_failure: str = setting(
+        "", "'RANK:ITERATION' raises there, 'RANK:ITERATION:hang' stops there", TESTING
+    )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -109,7 +145,8 @@ def _coerce(name: str, value):
     return str(value)
 
 
-def _unknown(name: str) -> ConfigError:
+def unknown_key(name: str) -> ConfigError:
+    """The error for a key the schema does not have, naming the closest one."""
     close = difflib.get_close_matches(name, FIELDS, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ConfigError(f"unknown key {name!r}{hint}; known keys: {', '.join(FIELDS)}")
@@ -121,7 +158,7 @@ def make_config(values: dict) -> RunConfig:
     for k, v in values.items():
         key = k.replace("-", "_")
         if key not in FIELDS:
-            raise _unknown(k)
+            raise unknown_key(k)
         kw[key] = _coerce(key, v)
     cfg = RunConfig(**kw)
     validate(cfg)

@@ -94,7 +94,7 @@ class Writer:
         a["status"] = "incomplete"  # until close() sets the final status
         a["start_time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         a["end_time"] = ""
-        a["command"] = " ".join(sys.argv)
+        a["command"] = os.environ.get("HPCPIPE_COMMAND") or " ".join(sys.argv)
         a["hosts"] = json.dumps(attrs.pop("hosts", [socket.gethostname()]))
         a["versions"] = json.dumps(versions())
         a["slurm"] = json.dumps(slurm_provenance())
