@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from hpcpipe.bench.cases import machine_line
+from hpcpipe.bench.common import machine_line
 from hpcpipe.model.stages import ModelSpec, random_batch
 from hpcpipe.pipeline.engine import Engine
 from hpcpipe.run.table import table

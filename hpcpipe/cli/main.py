@@ -336,7 +336,7 @@ def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
     import os
 
     if args.case == "simulate":
-        from hpcpipe.bench.cases import bench_simulate
+        from hpcpipe.bench.simulate import bench_simulate
 
         return bench_simulate(args.repeats)
     if not os.environ.get(INSIDE):
@@ -352,11 +352,13 @@ def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
         return _relaunch(np_, _strip_np(argv))
 
     def body(comm):
-        from hpcpipe.bench import cases as bench
-
-        ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+        ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
         if args.case == "transport":
-            return bench.bench_transport(comm, args.max_bytes, args.iters, args.wait)
+            from hpcpipe.bench.transport import bench_transport
+
+            return bench_transport(
+                comm, args.max_bytes, args.iters, args.wait, args.repeats, args.min_bytes
+            )
         if args.case == "peer":
             from hpcpipe.bench.peer import bench_peer
 
@@ -364,10 +366,14 @@ def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
                 comm, ints(args.width), ints(args.mb), ints(args.micro), args.repeats, args.port
             )
         if args.case == "dense":
-            return bench.bench_dense(
+            from hpcpipe.bench.dense import bench_dense
+
+            return bench_dense(
                 comm, ints(args.width), ints(args.mb), ints(args.micro), args.repeats
             )
-        return bench.bench_pipeline(
+        from hpcpipe.bench.pipeline import bench_pipeline
+
+        return bench_pipeline(
             comm,
             ints(args.depth),
             ints(args.samples),
@@ -375,6 +381,7 @@ def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
             args.schedules.split(","),
             args.repeats,
             args.spin,
+            args.wait,
         )
 
     return _under_mpi(body)
@@ -563,9 +570,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--micro", default="16", help="dense: microbatches M")
     s.add_argument("--np", type=int, default=0, help="ranks (pipeline 4, transport 2)")
     s.add_argument("--max-bytes", type=int, default=4 << 20, help="transport: largest size")
-    s.add_argument("--iters", type=int, default=200, help="transport: ping-pongs per size")
-    s.add_argument("--wait", default="busy", help="transport: wait policy of the channel")
-    s.add_argument("--depth", default="4", help="comma-separated depths (>= ranks)")
+    s.add_argument("--min-bytes", type=int, default=8, help="transport: smallest size")
+    s.add_argument("--iters", type=int, default=1000, help="transport: round trips per block")
+    s.add_argument(
+        "--wait",
+        default="auto",
+        choices=["busy", "yield", "sleep", "auto"],
+        help="transport, pipeline: wait policy (auto: busy when ranks <= cores, else yield)",
+    )
+    s.add_argument(
+        "--depth", default="", help="pipeline: comma-separated depths (>= ranks; default ranks)"
+    )
     s.add_argument("--samples", default="16", help="comma-separated K")
     s.add_argument("--layer-time", type=float, default=0.01, help="seconds per layer")
     s.add_argument("--schedules", default="gpipe,1f1b")
