@@ -66,3 +66,62 @@ class Recorder:
         out = np.empty((comm.size, 4)) if comm.rank == 0 else None
         comm.Gather([mine, MPI.DOUBLE], [out, MPI.DOUBLE] if comm.rank == 0 else None, root=0)
         return out
+
+    def restore(self, stage: np.ndarray, rank: int) -> None:
+        """Continue the totals of a resumed run from its saved (S, 4) stage table."""
+        self.busy, self.wait, self.idle = (float(x) for x in stage[rank, :3])
+        self.actions = int(stage[rank, 3])
+
+
+class SimulatedRecorder(Recorder):
+    """The events of a simulated pipeline: all S stages, in this one process.
+
+    Every call of a run has the same simulated timeline (``Timing``), so the
+    per-stage totals add it once per call, and the per-action events of a
+    recorded iteration are its copy (only for schedules of at most
+    ``simulated.RECORD_LIMIT`` actions; larger ones keep the totals only).
+    The timeline's rank field holds the stage.
+    """
+
+    def __init__(self, executor, limit: int, every: int, keep: bool = True):
+        self.engine, self.limit, self.every, self.keep = executor, limit, every, keep
+        self.timing = executor.timing
+        S = executor.n_stages
+        self.busy, self.wait, self.idle = np.zeros(S), np.zeros(S), np.zeros(S)
+        self.actions = np.zeros(S, dtype=np.int64)
+        self.pending = []
+        res = self.timing.result
+        self._static = None
+        if res is not None and keep:
+            parts = []
+            for s, codes in enumerate(executor.schedule.codes):
+                rows = np.zeros((len(codes), N_FIELDS))
+                rows[:, 1] = rows[:, 2] = s
+                rows[:, 3] = codes & 1
+                rows[:, 4] = codes >> 1
+                rows[:, 5], rows[:, 6], rows[:, 7] = res.waits[s], res.readys[s], res.ends[s]
+                parts.append(rows)
+            self._static = np.concatenate(parts)
+
+    def record(self, it: int, call_time: float) -> None:
+        t = self.timing
+        self.busy += t.busy
+        self.wait += t.wait
+        self.idle += t.idle
+        self.actions += t.actions
+        if self._static is not None and self.wants(it):
+            rows = self._static.copy()
+            rows[:, 0] = it
+            self.pending.append(rows)
+
+    def gather(self, comm) -> np.ndarray:
+        local = np.concatenate(self.pending) if self.pending else np.zeros((0, N_FIELDS))
+        self.pending = []
+        return local
+
+    def stage_summary(self, comm) -> np.ndarray:
+        return np.column_stack([self.busy, self.wait, self.idle, self.actions.astype(float)])
+
+    def restore(self, stage: np.ndarray, rank: int) -> None:
+        self.busy, self.wait, self.idle = (stage[:, j].copy() for j in range(3))
+        self.actions = stage[:, 3].astype(np.int64)

@@ -21,6 +21,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from hpcpipe.optim.methods import METHODS
+from hpcpipe.pipeline.executors import EXECUTORS
 from hpcpipe.pipeline.schedules import BUILDERS
 from hpcpipe.pipeline.transport import WAIT_POLICIES
 from hpcpipe.problems.builtin import PROBLEMS
@@ -77,6 +78,14 @@ class RunConfig:
     clock: str = setting(
         "model", "clock of the pipeline time: model (tau units) or wall (s)", PIPELINE
     )
+    executor: str = setting(
+        "mpi",
+        "mpi: one pipeline stage per MPI rank; simulated: one process, simulator time",
+        PIPELINE,
+    )
+    stages: int = setting(
+        0, "pipeline stages S; 0: the rank count (mpi) or the depth (simulated)", PIPELINE
+    )
     t_forward: float = setting(1.0, "model cost of one layer's forward, in tau", PIPELINE)
     t_backward: float = setting(1.0, "model cost of one layer's backward, in tau", PIPELINE)
     alpha: float = setting(0.0, "model cost of a message: alpha + bytes * beta (alpha)", PIPELINE)
@@ -119,6 +128,7 @@ CHOICES = {
     "optimizer": METHODS,
     "mode": ("practical", "theory"),
     "clock": ("model", "wall"),
+    "executor": EXECUTORS,
     "wait": WAIT_POLICIES,
     "progress": ("auto", "bar", "lines", "off"),
 }
@@ -292,7 +302,8 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
             cfg.problem,
             "theory mode needs a problem with known L or beta and R (the chains)",
         )
-    if n_ranks is not None:
+    _check_executor(cfg, n_ranks)
+    if n_ranks is not None and cfg.executor == "mpi":
         _need(
             cfg.depth >= n_ranks,
             "depth",
@@ -301,3 +312,42 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
         )
     if check_output:
         _check_output(cfg)
+
+
+def _check_executor(cfg: RunConfig, n_ranks: int | None) -> None:
+    """The stage count S and the settings each executor can honour."""
+    _need(
+        0 <= cfg.stages <= cfg.depth,
+        "stages",
+        cfg.stages,
+        f"between 1 and depth = {cfg.depth} (every stage holds a layer; 0: the default)",
+    )
+    if cfg.executor == "mpi":
+        if n_ranks is not None:
+            _need(
+                cfg.stages in (0, n_ranks),
+                "stages",
+                cfg.stages,
+                f"the MPI engine runs one stage per rank: set stages = 0 or {n_ranks} "
+                "(the rank count), or executor = 'simulated'",
+            )
+        return
+    _need(
+        n_ranks is None or n_ranks == 1,
+        "executor",
+        cfg.executor,
+        f"the simulated pipeline runs in one process, not {n_ranks} ranks: "
+        "launch it without --np/mpiexec and set its stage count with stages = S",
+    )
+    _need(
+        cfg.clock == "model",
+        "clock",
+        cfg.clock,
+        "the simulated pipeline times calls on the model clock: set clock = 'model'",
+    )
+    _need(
+        cfg.layer_time == 0,
+        "layer_time",
+        cfg.layer_time,
+        "emulated compute needs real ranks: set layer_time = 0 or executor = 'mpi'",
+    )

@@ -21,8 +21,8 @@ from mpi4py import MPI
 from hpcpipe.model.stages import clear_block_cache, stage_offsets
 from hpcpipe.optim.methods import Method, State, theory_plan
 from hpcpipe.pipeline.clocks import CostModel
-from hpcpipe.pipeline.engine import Engine
-from hpcpipe.pipeline.recording import Recorder
+from hpcpipe.pipeline.executors import EXECUTORS
+from hpcpipe.pipeline.recording import Recorder, SimulatedRecorder
 from hpcpipe.problems.builtin import Problem, attack, fewshot, l1_chain, max_chain, quad_chain
 from hpcpipe.run.config import ConfigError, RunConfig, check_output, validate
 
@@ -133,6 +133,7 @@ def run(
     prob = problem if problem is not None else make_problem(cfg, comm)
     method, T = make_method(cfg, prob)
     costs = CostModel.uniform(cfg.depth, cfg.t_forward, cfg.t_backward, cfg.alpha, cfg.beta)
+    make = EXECUTORS.get(cfg.executor)
     common = dict(
         variable=prob.variable,
         schedule=cfg.schedule,
@@ -142,8 +143,9 @@ def run(
         wait=cfg.wait,
         timeout=cfg.timeout,
         weights=prob.weights,
+        stages=cfg.stages,
     )
-    eng = Engine(
+    eng = make(
         comm,
         prob.spec,
         prob.batch,
@@ -153,7 +155,7 @@ def run(
         **common,
     )
     ev = (
-        Engine(comm, prob.spec, prob.batch, samples=1, microbatches=prob.batch.m, **common)
+        make(comm, prob.spec, prob.batch, samples=1, microbatches=prob.batch.m, **common)
         if cfg.eval_every
         else None
     )
@@ -162,14 +164,15 @@ def run(
     state = State(method, eng.initial_point(), project)
     offsets = _offsets(prob, comm)
     red = np.zeros(3)
-    recorder = Recorder(eng, cfg.timeline_limit, cfg.timeline_every, keep=bool(cfg.output))
+    rec = SimulatedRecorder if cfg.executor == "simulated" else Recorder
+    recorder = rec(eng, cfg.timeline_limit, cfg.timeline_every, keep=bool(cfg.output))
     loop = {"best": math.inf, "mtime": 0.0, "first": math.nan}
     if resume is not None:
         _restore(resume, comm, state, loop, recorder, offsets)
     writer = None
     if cfg.output:
         writer = (
-            _open_writer(cfg, comm, prob, method, T, offsets[-1])
+            _open_writer(cfg, comm, prob, method, T, offsets[-1], eng.schedule.n_stages)
             if resume is None
             else _reopen_writer(resume, comm, state.t - 1, cfg)
         )
@@ -279,7 +282,7 @@ def run(
 
 
 def derived_figures(
-    cfg: RunConfig, eng: Engine, summary: np.ndarray, pipeline_time: float, iterations: int
+    cfg: RunConfig, eng, summary: np.ndarray, pipeline_time: float, iterations: int
 ) -> dict:
     """Per-run figures: bubble fraction and, with emulated layers, efficiency.
 
@@ -290,7 +293,7 @@ def derived_figures(
     """
     from hpcpipe.pipeline.simulator import simulate, stage_times
 
-    S = eng.size
+    S = eng.schedule.n_stages
     busy = float(summary[:, 0].sum())
     out = {
         "iterations": iterations,
@@ -365,7 +368,9 @@ def _reopen_writer(path: str, comm, last_iteration: int, cfg: RunConfig):
     return Writer.reopen(path, last_iteration, COLUMNS) if comm.rank == 0 else None
 
 
-def _open_writer(cfg: RunConfig, comm, prob: Problem, method: Method, T: int, size: int):
+def _open_writer(
+    cfg: RunConfig, comm, prob: Problem, method: Method, T: int, size: int, n_stages: int
+):
     from hpcpipe.run.results import Writer
 
     hosts = comm.gather(socket.gethostname(), root=0)
@@ -394,12 +399,14 @@ def _open_writer(cfg: RunConfig, comm, prob: Problem, method: Method, T: int, si
             }
         ),
         "n_ranks": comm.size,
+        "n_stages": n_stages,
+        "executor": cfg.executor,
         "hosts": sorted(set(hosts)),
         "clock": cfg.clock,
     }
     for k, v in json.loads(cfg.to_json()).items():
         attrs[f"config.{k}"] = v
-    return Writer(cfg.output, attrs, COLUMNS, comm.size, state_size=size)
+    return Writer(cfg.output, attrs, COLUMNS, n_stages, state_size=size)
 
 
 def _flush(
@@ -420,9 +427,7 @@ def _flush(
     ev = recorder.gather(comm)
     theta = _gather_vector(state.theta, comm, offsets)
     prev = _gather_vector(state.prev, comm, offsets)
-    totals = np.array([recorder.busy, recorder.wait, recorder.idle, float(recorder.actions)])
-    stage = np.empty((comm.size, 4)) if comm.rank == 0 else None
-    comm.Gather([totals, MPI.DOUBLE], [stage, MPI.DOUBLE] if comm.rank == 0 else None, root=0)
+    stage = recorder.stage_summary(comm)
     if writer is not None:
         if len(rows) > flushed:
             writer.append_iterations(np.array(rows[flushed:], dtype=float))
@@ -449,17 +454,17 @@ def _restore(
         raise got
     theta, prev, scalars, stage = got
     r = comm.rank
-    if theta.size != offsets[-1] or stage.shape[0] != comm.size:
+    n_stages = recorder.engine.schedule.n_stages
+    if theta.size != offsets[-1] or stage.shape[0] != n_stages:
         raise ResultsError(
             f"{path}: its state has {theta.size} values on {stage.shape[0]} "
-            f"ranks; this run has {offsets[-1]} on {comm.size}"
+            f"stages; this run has {offsets[-1]} on {n_stages}"
         )
     state.theta = theta[offsets[r] : offsets[r + 1]].copy()
     state.prev = prev[offsets[r] : offsets[r + 1]].copy()
     state.t = int(scalars[0])
     loop["best"], loop["mtime"], loop["first"] = (float(x) for x in scalars[1:4])
-    recorder.busy, recorder.wait, recorder.idle = (float(x) for x in stage[r, :3])
-    recorder.actions = int(stage[r, 3])
+    recorder.restore(stage, r)
 
 
 def gather_theta(result: RunResult, comm, problem: Problem) -> np.ndarray:

@@ -1,0 +1,50 @@
+"""Executors: what evaluates the oracle of a run, looked up by the config key ``executor``.
+
+An executor has the MPI engine's surface: ``evaluate(point, gamma=0.0,
+call=0, reduce="mean")`` returning ``.loss .losses .grad .time
+.item_losses``, ``initial_point()``, ``schedule``, ``size`` (ranks the point
+is split over), ``close()``.
+
+* ``mpi``: ``engine.Engine``, one pipeline stage per MPI rank (the ground
+  truth; wall or model clock);
+* ``simulated``: ``simulated.SimulatedPipeline``, S stages in one process,
+  each call timed by the schedule simulator on the model clock (equal to the
+  MPI model clock bitwise; reaches Δ in the thousands).
+
+A factory is called as ``factory(comm, spec, batch, *, variable, schedule,
+samples, microbatches, seed, clock, costs, wait, timeout, weights,
+layer_time, stages)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hpcpipe.registry import Registry
+
+
+def mpi_engine(comm, spec, batch, *, stages: int = 0, **kw):
+    """The MPI engine on ``comm`` (its stage count is the rank count)."""
+    from hpcpipe.pipeline.engine import Engine
+
+    if stages not in (0, comm.size):
+        raise ValueError(f"the MPI engine has one stage per rank: stages = {stages} != {comm.size}")
+    return Engine(comm, spec, batch, **kw)
+
+
+def simulated_pipeline(comm, spec, batch, *, stages: int = 0, **kw):
+    """The simulated pipeline of ``stages`` stages (default: one per block) in this process."""
+    from hpcpipe.pipeline.simulated import SimulatedPipeline
+
+    if comm is not None and comm.size != 1:
+        raise ValueError(f"the simulated pipeline runs in one process, not {comm.size} ranks")
+    for unused in ("clock", "wait", "timeout", "layer_time"):
+        kw.pop(unused, None)
+    return SimulatedPipeline(spec, batch, stages=stages, **kw)
+
+
+EXECUTORS: Registry[Callable] = Registry("executor")
+EXECUTORS.register("mpi", mpi_engine)
+EXECUTORS.register("simulated", simulated_pipeline)
+
+__all__ = ["EXECUTORS", "mpi_engine", "simulated_pipeline"]
