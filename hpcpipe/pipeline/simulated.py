@@ -115,6 +115,12 @@ def _compress(message: list[list[float]]) -> list[tuple]:
     return out
 
 
+def _shared(message: list[list[float]]) -> list[list[float]]:
+    """The same costs with one float object per distinct value (S·n entries stay pointers)."""
+    seen: dict[float, float] = {}
+    return [[seen.setdefault(c, c) for c in row] for row in message]
+
+
 def clear_timings() -> None:
     """Forget the cached schedule timings."""
     _TIMINGS.clear()
@@ -199,7 +205,7 @@ class SimulatedPipeline:
             self.rows[i % microbatches][1] - self.rows[i % microbatches][0]
             for i in range(self.n_items)
         ]
-        self._timing_args = (tf, tb, message_costs(costs, widths, item_rows))
+        self._timing_args = (tf, tb, _shared(message_costs(costs, widths, item_rows)))
         self._timing: Timing | None = None
         self.fused = (
             fused != "off" and variable == "input" and is_orthogonal_chain(self.model.layers)
