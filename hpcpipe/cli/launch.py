@@ -47,3 +47,85 @@ def mpiexec_command(n: int, args: list[str], mpiexec: str | None = None) -> list
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-run-as-root")  # containers and CI often run as root
     return cmd + [sys.executable] + args
+
+
+LAUNCHER_PID = "HPCPIPE_LAUNCHER_PID"
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of a process (Linux /proc), to tell a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return start is None or _start_time(pid) == start
+
+
+def launcher_identity() -> str:
+    """``pid:start`` of this process, for the ranks it launches to watch."""
+    return f"{os.getpid()}:{_start_time(os.getpid()) or ''}"
+
+
+def die_with_parent(parent: int):
+    """A ``preexec_fn``: the child (mpiexec) gets SIGTERM when the launcher dies.
+
+    Linux ``prctl(PR_SET_PDEATHSIG, SIGTERM)``; mpiexec passes SIGTERM on to the
+    ranks, which flush their result and stop. Elsewhere it does nothing (the ranks
+    still watch their launcher, see ``watch_launcher``).
+    """
+    import signal
+
+    def set_death_signal() -> None:
+        if not sys.platform.startswith("linux"):
+            return
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_death_signal
+
+
+def watch_launcher(poll: float = 0.5, grace: float = 60.0) -> None:
+    """In a rank: when the launcher named in the environment is gone, stop like on SIGTERM.
+
+    A daemon thread polls the launcher's pid (and start time). When it has gone, the
+    thread sends SIGTERM to its own process: the run finishes its iteration, flushes
+    its file as ``incomplete`` and exits 143. A rank that has not stopped ``grace``
+    seconds later (blocked on a peer that is gone) exits.
+    """
+    import signal
+    import threading
+    import time
+
+    spec = os.environ.get(LAUNCHER_PID, "")
+    pid_text, _, start = spec.partition(":")
+    if not pid_text.isdigit():
+        return
+    pid = int(pid_text)
+
+    def watch() -> None:
+        while alive(pid, start or None):
+            time.sleep(poll)
+        sys.stderr.write(f"hpcpipe: the launcher (pid {pid}) is gone: stopping this rank\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace)
+        os._exit(143)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()

@@ -77,7 +77,13 @@ def _relaunch(np_: int, argv: list[str]) -> int:
     import os
     import subprocess
 
-    from hpcpipe.cli.launch import LauncherError, mpiexec_command
+    from hpcpipe.cli.launch import (
+        LAUNCHER_PID,
+        LauncherError,
+        die_with_parent,
+        launcher_identity,
+        mpiexec_command,
+    )
 
     try:
         cmd = mpiexec_command(np_, ["-m", "hpcpipe", *argv])
@@ -86,10 +92,12 @@ def _relaunch(np_: int, argv: list[str]) -> int:
         return 2
     import signal
 
-    env = dict(os.environ, **{INSIDE: "1"})
+    env = dict(os.environ, **{INSIDE: "1", LAUNCHER_PID: launcher_identity()})
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    proc = subprocess.Popen(cmd, env=env)
+    # if this launcher is killed (even by SIGKILL), mpiexec gets SIGTERM and the ranks,
+    # which also watch this process, flush their results and stop
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent(os.getpid()))
 
     def forward(signum, frame):  # SIGTERM / SIGINT reach mpiexec, which passes them on
         proc.send_signal(signum)
@@ -108,7 +116,10 @@ def _under_mpi(func) -> int:
 
     from mpi4py import MPI
 
+    from hpcpipe.cli.launch import watch_launcher
+
     comm = MPI.COMM_WORLD
+    watch_launcher()
     try:
         return func(comm)
     except BaseException as e:  # noqa: BLE001 - any failure must bring the job down
@@ -138,27 +149,77 @@ def _strip_np(argv: list[str]) -> list[str]:
     return out
 
 
-def _resume_config(path: str, items: list[str]):
-    """The config stored in an incomplete result, with overrides, writing to the same file."""
+# Settings a resume may change: they do not change the numbers (recorded in the file).
+RESUME_MAY_CHANGE = ("progress", "timeout", "wait", "flush_every")
+
+
+def _resume_config(path: str, items: list[str], args=None):
+    """The config stored in an incomplete result, writing to the same file, and the overrides.
+
+    Everything is checked before any launch: the file and its resume state, that no live
+    process writes it (its lock), the rank count, and the overrides: only settings that
+    leave the numbers unchanged (RESUME_MAY_CHANGE) may differ; they are recorded.
+    """
     import dataclasses
 
     from hpcpipe.run.config import make_config
-    from hpcpipe.run.results import ResultsError, load
+    from hpcpipe.run.results import ResultsError, check_unlocked, load, read_state
 
     try:
+        read_state(path)  # checks the file, its status and its state
+        check_unlocked(path)
         r = load(path)
     except ResultsError as e:
-        raise ConfigError(str(e)) from None
-    if r.status != "incomplete":
+        raise ConfigError(f"--resume {e}") from None
+    except OSError as e:
+        raise ConfigError(f"--resume {path}: {e.strerror}") from None
+    if args is not None and (args.config or args.no_output):
+        flag = "--config" if args.config else "--no-output"
         raise ConfigError(
-            f"--resume {path}: status is {r.status!r}; only an incomplete run can be resumed"
+            f"--resume {path} continues the run its file records: {flag} cannot be combined "
+            "with it (start a new run instead)"
         )
     values = dict(r.config)
+    recorded = make_config({**values, "output": ""})
+    given_keys = {}
     for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: write --key value")
         k, v = item.split("=", 1)
-        values[k.replace("-", "_")] = v
+        given_keys[k.strip().replace("-", "_")] = k.strip()
+        values[k.strip().replace("-", "_")] = v
+    out = values.pop("output", "") if "output" in given_keys else ""
+    if "output" in given_keys and Path(out or ".").resolve() != Path(path).resolve():
+        raise ConfigError(
+            f"--resume {path}: --output {out!r} cannot be changed on resume: a resume "
+            f"appends to the file it continues ({path}); copy it first to continue elsewhere"
+        )
+    given_keys.pop("output", None)
     cfg = make_config({**values, "output": ""})
-    return dataclasses.replace(cfg, output=path)
+    changed = {}
+    for key, flag in given_keys.items():
+        new, old = getattr(cfg, key), getattr(recorded, key)
+        if new == old:
+            continue
+        if key not in RESUME_MAY_CHANGE:
+            raise ConfigError(
+                f"--resume {path}: --{flag} {new!r} cannot be changed on resume: the file "
+                f"records {key} = {old!r} and its rows so far were made with it. Start a new "
+                f"run to change it; a resume may change only {', '.join(RESUME_MAY_CHANGE)}"
+            )
+        changed[key] = new
+    ranks = r.attrs.get("n_ranks")
+    return dataclasses.replace(cfg, output=path), changed, ranks
+
+
+def _rank_error(path: str, recorded, size: int) -> str | None:
+    if recorded is not None and int(recorded) != size:
+        return (
+            f"--resume {path} was written by {int(recorded)} ranks; resume it on "
+            f"{int(recorded)} (--np {int(recorded)}), not {size}: the iterates match only "
+            "for the same rank count"
+        )
+    return None
 
 
 def cmd_validate(args, extra: list[str], argv: list[str]) -> int:
@@ -192,9 +253,14 @@ def cmd_run(args, extra: list[str], argv: list[str]) -> int:
 
     from hpcpipe.run.config import load, validate
 
+    changed, ranks = {}, None
     try:
         if args.resume:
-            cfg = _resume_config(args.resume, given(args) + _overrides(extra))
+            items = given(args) + _overrides(extra)
+            cfg, changed, ranks = _resume_config(args.resume, items, args)
+            err = _rank_error(args.resume, ranks, args.np) if args.np else None
+            if err:
+                raise ConfigError(err)
         else:
             cfg = load(args.config, given(args) + _overrides(extra))
         if args.np:
@@ -208,11 +274,15 @@ def cmd_run(args, extra: list[str], argv: list[str]) -> int:
     def body(comm):
         import dataclasses
 
+        from hpcpipe.run.results import ResultsError
         from hpcpipe.run.runner import run
         from hpcpipe.run.table import print_run
 
         try:
             validate(cfg, comm.size, check_output=False)
+            err = _rank_error(args.resume, ranks, comm.size) if args.resume else None
+            if err:
+                raise ConfigError(err)
         except ConfigError as e:
             if comm.rank == 0:
                 print(f"hpcpipe: config error: {e}", file=sys.stderr)
@@ -221,7 +291,12 @@ def cmd_run(args, extra: list[str], argv: list[str]) -> int:
         if not cfg.output and not args.no_output:  # results always reach a file by default
             path = comm.bcast(_default_output(cfg) if comm.rank == 0 else None, root=0)
             run_cfg = dataclasses.replace(cfg, output=path)
-        res = run(run_cfg, comm, resume=args.resume or None)
+        try:
+            res = run(run_cfg, comm, resume=args.resume or None, resume_overrides=changed or None)
+        except (ConfigError, ResultsError) as e:  # raised on every rank alike
+            if comm.rank == 0:
+                print(f"hpcpipe: {e}", file=sys.stderr)
+            return 2
         if comm.rank == 0:
             print_run(res, every=args.every)
             if run_cfg.output:
@@ -277,6 +352,10 @@ def cmd_simulate(args) -> int:
     if args.plot:
         from hpcpipe.run.trace import gantt_png
 
+        err = _output_error(args.plot, (), args.force)
+        if err:
+            print(f"hpcpipe: {err.replace('-o ', '--plot ')}", file=sys.stderr)
+            return 2
         gantt_png(
             gantt_rows(res),
             args.plot,
@@ -298,13 +377,70 @@ def _load_result(path: str):
         return None
 
 
+def _output_error(path: str, inputs: tuple[str, ...] = (), force: bool = False) -> str | None:
+    """Why ``-o path`` cannot be written, or None: result files are never overwritten.
+
+    An existing HDF5 file (a result) is replaced only with ``--force``; the file a
+    command reads is never its own output.
+    """
+    from hpcpipe.run.superblock import SIGNATURE
+
+    p = Path(path)
+    if not path:
+        return "-o: an empty path"
+    for src in inputs:
+        if p.exists() and Path(src).exists() and p.resolve() == Path(src).resolve():
+            return f"-o {path} is the file this command reads: choose another output"
+    if p.is_symlink() and not p.exists():
+        return f"-o {path} is a dangling symbolic link"
+    if p.is_dir():
+        return f"-o {path} is a folder: give a file name"
+    parent = p.parent
+    if not parent.exists():
+        return f"-o {path}: folder {str(parent)!r} does not exist (create it first)"
+    if not parent.is_dir():
+        return f"-o {path}: {str(parent)!r} is a file, not a folder"
+    if p.exists():
+        try:
+            with open(p, "rb") as fh:
+                is_h5 = fh.read(8) == SIGNATURE
+        except OSError as e:
+            return f"-o {path}: cannot be read ({e.strerror})"
+        if is_h5 and not force:
+            return f"-o {path} holds an HDF5 file (a result?): kept (--force replaces it)"
+    return None
+
+
+def _recorded_iteration(r, wanted: int | None, source: str) -> int | str:
+    """The iteration to draw (default the last recorded) or a message why it cannot be."""
+    its = sorted(set(r.timeline["iteration"].tolist()))
+    if not its:
+        return f"{source} has no recorded timeline"
+    if wanted is None:
+        return int(its[-1])
+    if wanted not in its:
+        shown = ", ".join(map(str, its[:8])) + (f", ... {its[-1]}" if len(its) > 8 else "")
+        return f"--iteration {wanted} was not recorded in {source}; recorded: {shown}"
+    return wanted
+
+
 def cmd_trace(args) -> int:
     from hpcpipe.run.trace import write_trace
 
+    err = _output_error(args.output, (args.result,), args.force)
+    if err:
+        print(f"hpcpipe: {err}", file=sys.stderr)
+        return 2
     r = _load_result(args.result)
     if r is None:
         return 2
-    its = [args.iteration] if args.iteration else None
+    its = None
+    if args.iteration is not None:
+        it = _recorded_iteration(r, args.iteration, args.result)
+        if isinstance(it, str):
+            print(f"hpcpipe: {it}", file=sys.stderr)
+            return 2
+        its = [it]
     n = write_trace(r.timeline, args.output, str(r.attrs.get("clock", "wall")), its)
     print(f"wrote {n} trace events to {args.output} (open in ui.perfetto.dev)")
     return 0
@@ -313,14 +449,17 @@ def cmd_trace(args) -> int:
 def cmd_plot(args) -> int:
     from hpcpipe.run.trace import gantt_png, timeline_rows
 
+    err = _output_error(args.output, (args.result,), args.force)
+    if err:
+        print(f"hpcpipe: {err}", file=sys.stderr)
+        return 2
     r = _load_result(args.result)
     if r is None:
         return 2
-    its = r.timeline["iteration"]
-    if len(its) == 0:
-        print(f"hpcpipe: {args.result} has no recorded timeline", file=sys.stderr)
+    it = _recorded_iteration(r, args.iteration, args.result)
+    if isinstance(it, str):
+        print(f"hpcpipe: {it}", file=sys.stderr)
         return 2
-    it = args.iteration or int(its.max())
     clock = str(r.attrs.get("clock", "wall"))
     gantt_png(
         timeline_rows(r.timeline, it),
@@ -409,6 +548,14 @@ def cmd_sweep(args, extra: list[str], argv: list[str]) -> int:
     if args.list:
         describe(sweep)
         return 0
+    if not os.environ.get(INSIDE) and not args.inside:
+        from hpcpipe.studies.sweep import SweepLock
+
+        try:  # the ranks take it for real; this gives the message before any launch
+            SweepLock(sweep.out, shared=indices is not None).release()
+        except ConfigError as e:
+            print(f"hpcpipe: {e}", file=sys.stderr)
+            return 2
     ranks = max(sweep.points[i].ranks for i in (indices or range(len(sweep.points))))
     if not os.environ.get(INSIDE) and not args.inside:
         return _relaunch(args.np or ranks, ["sweep", *_strip_np(argv[1:]), "--inside"])
@@ -547,19 +694,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--message", type=float, default=0.0, help="cost of every message (default 0)")
     s.add_argument("--plot", metavar="PNG", help="draw the Gantt chart to this file")
+    s.add_argument("--force", action="store_true", help="replace an existing HDF5 file at --plot")
     s.set_defaults(func=cmd_simulate)
 
     s = sub.add_parser("trace", help="a result's timeline as Chrome trace JSON (Perfetto)")
     s.add_argument("result", help="HDF5 result file")
     s.add_argument("-o", "--output", required=True, help="JSON file to write")
-    s.add_argument("--iteration", type=int, default=0, help="only this iteration")
+    s.add_argument("--iteration", type=int, default=None, help="only this iteration")
+    s.add_argument("--force", action="store_true", help="replace an existing HDF5 file at -o")
     s.set_defaults(func=cmd_trace)
 
     s = sub.add_parser("plot", help="pictures of a result")
     s.add_argument("what", choices=["timeline"], help="timeline: Gantt chart of an iteration")
     s.add_argument("result", help="HDF5 result file")
     s.add_argument("-o", "--output", required=True, help="PNG file to write")
-    s.add_argument("--iteration", type=int, default=0, help="default: the last recorded")
+    s.add_argument("--iteration", type=int, default=None, help="default: the last recorded")
+    s.add_argument("--force", action="store_true", help="replace an existing HDF5 file at -o")
     s.set_defaults(func=cmd_plot)
 
     s = sub.add_parser("bench", help="benchmark cases that print figures")

@@ -20,7 +20,9 @@ Plain numbers and strings only (no pickles): h5dump, h5py and pandas read it.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import math
 import os
 import socket
 import sys
@@ -30,6 +32,8 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+
+from hpcpipe.run import superblock
 
 SCHEMA_VERSION = 1
 STATUSES = ("complete", "incomplete", "diverged", "failed")
@@ -72,8 +76,64 @@ def slurm_provenance() -> dict:
     return {k: os.environ[k] for k in keys if k in os.environ}
 
 
+class LockedError(ResultsError):
+    """A result file that a live process is writing."""
+
+
+def _lock(path: Path, create: bool = False, attempts: int = 10) -> int:
+    """An exclusive ``flock`` on the result file itself, held while it is written.
+
+    The kernel drops it when the writer dies (kill -9 included), so a free lock on a file
+    whose HDF5 status flags say "open for writing" means its writer is gone. With
+    ``create`` the file is made with O_EXCL: of two runs on one path, one wins. A probe
+    (``is_locked``) holds the lock for microseconds: the writer tries a few times.
+    """
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileExistsError:
+        raise ResultsError(
+            f"{path} exists: results are never overwritten (another run created it just now?)"
+        ) from None
+    for attempt in range(attempts):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            time.sleep(0.05 * (attempt < attempts - 1))
+    os.close(fd)
+    raise LockedError(
+        f"{path} is being written by a running process (its lock is held): "
+        "wait for it to finish or stop it first"
+    )
+
+
+def is_locked(path: str | Path) -> bool:
+    """True while a live process writes the result file (holds its lock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def check_unlocked(path: str | Path) -> None:
+    """LockedError if a live process writes the result file."""
+    if is_locked(path):
+        raise LockedError(
+            f"{path} is being written by a running process (its lock is held): "
+            "wait for it to finish or stop it first"
+        )
+
+
 class Writer:
-    """Rank 0's writer of one result file."""
+    """Rank 0's writer of one result file (holding its lock until closed)."""
 
     def __init__(
         self,
@@ -86,9 +146,10 @@ class Writer:
     ):
         self.path = Path(path)
         if self.path.exists() and not overwrite:
-            raise FileExistsError(f"{self.path} exists: results are never overwritten")
+            raise ResultsError(f"{self.path} exists: results are never overwritten")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = h5py.File(self.path, "w", libver="latest")
+        self._fd = _lock(self.path, create=not overwrite)
+        self.f = h5py.File(self.path, "w", libver="latest", locking=False)
         a = self.f.attrs
         a["schema_version"] = SCHEMA_VERSION
         a["status"] = "incomplete"  # until close() sets the final status
@@ -127,13 +188,41 @@ class Writer:
         self.f.flush()
 
     @classmethod
-    def reopen(cls, path: str | Path, last_iteration: int, columns: tuple[str, ...]) -> Writer:
-        """Continue an incomplete file: drop rows/events after ``last_iteration``."""
+    def reopen(
+        cls,
+        path: str | Path,
+        last_iteration: int,
+        columns: tuple[str, ...],
+        log=None,
+        overrides: dict | None = None,
+    ) -> Writer:
+        """Continue an incomplete file: drop rows/events after ``last_iteration``.
+
+        A file whose writer died (kill -9, a failed rank) still has its HDF5 status
+        flags set; with its lock free, they are cleared here (as ``h5clear -s`` does),
+        and ``log`` is told so. ``overrides`` (settings changed on this resume) are
+        appended to the ``resume_overrides`` attribute.
+        """
         self = cls.__new__(cls)
         self.path, self.columns = Path(path), columns
-        self.f = h5py.File(self.path, "r+", libver="latest")
+        self._fd = _lock(self.path)
+        try:
+            if superblock.clear_status_flags(self.path) and log is not None:
+                log(
+                    f"recovered {self.path}: its writer stopped without closing it "
+                    "(kill -9 or a failed rank); cleared the HDF5 status flags it left "
+                    f"(as h5clear -s does); resuming after iteration {last_iteration}"
+                )
+            self.f = h5py.File(self.path, "r+", libver="latest", locking=False)
+        except (OSError, superblock.SuperblockError) as e:
+            os.close(self._fd)
+            raise ResultsError(f"{self.path}: cannot be reopened to resume ({e})") from None
         self.f.attrs["status"] = "incomplete"
         self.f.attrs["resumed"] = int(self.f.attrs.get("resumed", 0)) + 1
+        if overrides:
+            past = json.loads(_text(self.f.attrs.get("resume_overrides", "[]")))
+            past.append({"resume": int(self.f.attrs["resumed"]), **overrides})
+            self.f.attrs["resume_overrides"] = json.dumps(past)
         n = int(
             np.searchsorted(self.f["iterations"]["iteration"][()], last_iteration, side="right")
         )
@@ -182,27 +271,21 @@ class Writer:
     def close(self, status: str, extra: dict | None = None) -> None:
         """End the SWMR session, then set the final status and attributes.
 
-        The reopen in read-write mode retries for a few seconds: a reader that
-        happens to have the file open (another process checking a sweep's
-        state) must not turn a finished run into a failure.
+        Readers take no lock, so a reader that happens to have the file open
+        (another process checking a sweep's state) cannot make the reopen fail.
         """
         if status not in STATUSES:
             raise ValueError(f"status {status!r}")
         self.f.flush()
         self.f.close()
-        for attempt in range(100):
-            try:
-                f = h5py.File(self.path, "r+")
-                break
-            except BlockingIOError:
-                if attempt == 99:
-                    raise
-                time.sleep(0.1)
-        with f:
-            f.attrs["status"] = status
-            f.attrs["end_time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            for k, v in (extra or {}).items():
-                f.attrs[k] = v
+        try:
+            with h5py.File(self.path, "r+", locking=False) as f:  # this process holds the lock
+                f.attrs["status"] = status
+                f.attrs["end_time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                for k, v in (extra or {}).items():
+                    f.attrs[k] = v
+        finally:
+            os.close(self._fd)
 
 
 # ---------------------------------------------------------------- reading
@@ -235,26 +318,58 @@ def _text(v):
     return v.decode() if isinstance(v, bytes) else v
 
 
-HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+READ_ATTEMPTS = 4  # HDF5's SWMR reader retries a failed metadata read this often (default 100)
 
 
 def _check_container(path: Path) -> None:
-    """Cheap checks before HDF5 sees the file: signature, and size against the superblock.
+    """Cheap checks before HDF5 sees the file: a complete superblock, its checksum, its size.
 
-    A truncated file must fail fast (an SWMR reader otherwise retries its
-    metadata reads for a long time). Superblock versions 2 and 3 store the
-    end-of-file address at byte 28 (after signature, version, sizes, flags,
-    base and extension addresses).
+    A truncated or damaged file must fail fast: an SWMR reader otherwise retries
+    its metadata reads with growing sleeps for minutes.
     """
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        head = fh.read(48)
-    if not head.startswith(HDF5_SIGNATURE):
-        raise ResultsError(f"{path}: not an HDF5 file (no HDF5 signature)")
-    if len(head) >= 36 and head[8] in (2, 3) and head[9] == 8:
-        eof = int.from_bytes(head[28:36], "little")
-        if size < eof:
-            raise ResultsError(f"{path}: truncated ({size} bytes, its superblock says {eof})")
+    try:
+        superblock.read(path)
+    except superblock.SuperblockError as e:
+        raise ResultsError(f"{path}: {e}") from None
+
+
+def _swmr_fapl():
+    """File access properties of an SWMR reader that retries a bad read only a few times.
+
+    h5py does not wrap H5Pset_metadata_read_attempts; it is called through ctypes on the
+    HDF5 library h5py loaded. Without it (another platform), HDF5's default applies.
+    """
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    fapl.set_fclose_degree(h5py.h5f.CLOSE_STRONG)
+    fn = _read_attempts_function()
+    if fn is not None:
+        fn(fapl.id, READ_ATTEMPTS)
+    return fapl
+
+
+_ATTEMPTS_FN: list = []
+
+
+def _read_attempts_function():
+    if not _ATTEMPTS_FN:
+        fn = None
+        try:
+            import ctypes
+
+            with open("/proc/self/maps") as maps:
+                libs = {ln.split()[-1] for ln in maps if "libhdf5" in ln and "_hl" not in ln}
+            for lib in sorted(libs):
+                cand = getattr(ctypes.CDLL(lib), "H5Pset_metadata_read_attempts", None)
+                if cand is not None:
+                    cand.argtypes = [ctypes.c_int64, ctypes.c_uint]
+                    cand.restype = ctypes.c_int
+                    fn = cand
+                    break
+        except OSError:
+            fn = None
+        _ATTEMPTS_FN.append(fn)
+    return _ATTEMPTS_FN[0]
 
 
 def _open(path: Path):
@@ -265,51 +380,138 @@ def _open(path: Path):
     """
     try:
         return h5py.File(path, "r", locking=False)
-    except OSError:
-        return h5py.File(path, "r", libver="latest", swmr=True, locking=False)
+    except OSError as e:
+        if "already open for write" not in str(e):
+            raise
+    fapl = _swmr_fapl()
+    fapl.set_file_locking(False, True)
+    fid = h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ, fapl)
+    return h5py.File(fid)
+
+
+def _json_dict(attrs: dict, key: str, path: Path, required: bool = False) -> dict:
+    if key not in attrs:
+        if required:
+            raise ResultsError(f"{path}: damaged result: no {key!r} attribute")
+        return {}
+    try:
+        value = json.loads(attrs[key])
+    except (TypeError, ValueError):
+        raise ResultsError(f"{path}: damaged result: attribute {key!r} is not JSON") from None
+    if not isinstance(value, dict):
+        raise ResultsError(
+            f"{path}: damaged result: attribute {key!r} is a {type(value).__name__}, "
+            "not a JSON object"
+        )
+    return value
+
+
+def _check_attrs(attrs: dict, path: Path) -> None:
+    if "schema_version" not in attrs:
+        raise ResultsError(f"{path}: not an hpcpipe result (no schema_version)")
+    v = attrs["schema_version"]
+    v = v.item() if isinstance(v, np.generic) else v
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v:
+        raise ResultsError(f"{path}: schema_version {v!r} is not a version (1..{SCHEMA_VERSION})")
+    if v > SCHEMA_VERSION:
+        raise ResultsError(
+            f"{path}: schema {v} is newer than this hpcpipe reads ({SCHEMA_VERSION})"
+        )
+    status = attrs.get("status")
+    if not isinstance(status, str) or status.strip() not in STATUSES:
+        raise ResultsError(
+            f"{path}: damaged result: status {status!r} is not one of {', '.join(STATUSES)}"
+        )
+
+
+def _columns(group, names, path: Path, what: str, cut: bool) -> dict[str, np.ndarray]:
+    """1-d datasets of one length (cut to the shortest when a kill fell between writes)."""
+    out = {}
+    for k in group:
+        d = group[k]
+        if not isinstance(d, h5py.Dataset) or d.ndim != 1:
+            raise ResultsError(f"{path}: damaged result: {what}/{k} is not a 1-d dataset")
+        out[k] = d[()]
+    missing = [n for n in names if n not in out]
+    if missing:
+        raise ResultsError(f"{path}: damaged result: {what} lacks {', '.join(missing)}")
+    lengths = {len(v) for v in out.values()}
+    if len(lengths) > 1:
+        if not cut:
+            raise ResultsError(
+                f"{path}: damaged result: the {what} datasets have different lengths "
+                f"({min(lengths)}..{max(lengths)})"
+            )
+        n = min(lengths)
+        out = {k: v[:n] for k, v in out.items()}
+    return out
 
 
 def load(path: str | Path) -> Result:
-    """Read one result file; ResultsError naming the file if it is not one."""
+    """Read one result file; ResultsError naming the file if it is not one, or is damaged."""
     path = Path(path)
     if not path.is_file():
-        raise ResultsError(f"{path}: no such file")
+        what = "is a folder, not a result file" if path.is_dir() else "no such file"
+        raise ResultsError(f"{path}: {what}")
     _check_container(path)
     try:
         with _open(path) as f:
             attrs = {k: _text(v) for k, v in f.attrs.items()}
-            if "schema_version" not in attrs or "iterations" not in f:
-                raise ResultsError(f"{path}: not an hpcpipe result (no schema_version)")
-            if int(attrs["schema_version"]) > SCHEMA_VERSION:
-                raise ResultsError(
-                    f"{path}: schema {attrs['schema_version']} is newer than "
-                    f"this hpcpipe reads ({SCHEMA_VERSION})"
-                )
-            its = {k: f["iterations"][k][()] for k in f["iterations"]}
-            tl = {k: f["timeline"][k][()] for k in f["timeline"]}
-            st = {k: f["stages"][k][()] for k in f["stages"]}
+            _check_attrs(attrs, path)
+            for g in ("iterations", "timeline", "stages"):
+                if not isinstance(f.get(g), h5py.Group):
+                    raise ResultsError(f"{path}: damaged result: no {g} group")
+            cut = attrs["status"].strip() == "incomplete"  # a kill between two columns' writes
+            its = _columns(f["iterations"], ("iteration",), path, "iterations", True)
+            tl = _columns(f["timeline"], TIMELINE_INT + TIMELINE_FLOAT, path, "timeline", cut)
+            st = _columns(f["stages"], STAGE_FIELDS, path, "stages", False)
     except ResultsError:
         raise
     except (OSError, KeyError, ValueError, RuntimeError, TypeError) as e:
         raise ResultsError(f"{path}: cannot be read as an hpcpipe result ({e})") from None
-    n = min((len(v) for v in its.values()), default=0)  # a kill between two columns' writes
-    its = {k: v[:n] for k, v in its.items()}
-    cfg = json.loads(attrs.get("config", "{}"))
-    info = json.loads(attrs.get("info", "{}")) if "info" in attrs else {}
+    cfg = _json_dict(attrs, "config", path, required=True)
+    info = _json_dict(attrs, "info", path)
+    for key in ("method", "problem", "figures"):
+        _json_dict(attrs, key, path)
     return Result(path, attrs, cfg, its, tl, st, info)
 
 
 def read_state(path: str | Path):
-    """(theta, prev, scalars, stage) of an incomplete result, for --resume."""
+    """(theta, prev, scalars, stage) of an incomplete result, for --resume, checked.
+
+    The state must be finite, its next iteration t a whole number with
+    1 <= t <= planned iterations + 1, and the flushed rows must reach t − 1.
+    """
     r = load(path)
     if r.status != "incomplete":
         raise ResultsError(f"{path}: status is {r.status!r}; only an incomplete run can be resumed")
     try:
         with _open(Path(path)) as f:
             g = f["state"]
-            return g["theta"][()], g["prev"][()], g["scalars"][()], g["stage"][()]
-    except (OSError, KeyError, ValueError, RuntimeError) as e:
+            theta, prev = g["theta"][()], g["prev"][()]
+            scalars, stage = g["scalars"][()], g["stage"][()]
+    except (OSError, KeyError, ValueError, RuntimeError, TypeError) as e:
         raise ResultsError(f"{path}: has no resumable state ({e})") from None
+
+    def bad(why: str) -> ResultsError:
+        return ResultsError(f"{path}: damaged resume state: {why}")
+
+    if theta.ndim != 1 or prev.shape != theta.shape or scalars.shape != (4,):
+        raise bad("theta, prev and scalars have the wrong shapes")
+    if stage.ndim != 2 or stage.shape[1] != 4:
+        raise bad("the per-stage totals have the wrong shape")
+    if not (np.all(np.isfinite(theta)) and np.all(np.isfinite(prev))):
+        raise bad("theta holds NaN or infinite values")
+    t = float(scalars[0])
+    planned = _json_dict(r.attrs, "method", Path(path)).get("iterations")
+    top = int(planned) + 1 if isinstance(planned, int) else math.inf
+    rows = r.iterations["iteration"]
+    last = int(rows[-1]) if len(rows) and math.isfinite(rows[-1]) else 0
+    if not (math.isfinite(t) and t == int(t) and 1 <= t <= top):
+        raise bad(f"next iteration {t!r} is not a whole number in 1..{top}")
+    if last < t - 1:
+        raise bad(f"next iteration {int(t)} but the flushed rows end at iteration {last}")
+    return theta, prev, scalars, stage
 
 
 def load_dir(directory: str | Path, warn=None) -> list[Result]:

@@ -116,6 +116,7 @@ def run(
     problem: Problem | None = None,
     on_iteration=None,
     resume: str | None = None,
+    resume_overrides: dict | None = None,
 ) -> RunResult:
     """Run one optimisation; returns the same RunResult on every rank (its own θ part).
 
@@ -123,6 +124,13 @@ def run(
     from the file's last flushed iteration, appending to the same file; for
     the same number of ranks it reaches the same iterates bitwise, since the
     noise is keyed by iteration and the optimizer state is restored exactly.
+    ``resume_overrides`` (settings that do not change the numbers, e.g. progress)
+    are recorded in the file's ``resume_overrides`` attribute.
+
+    The SIGTERM / SIGINT handler stays installed until the file is closed: the
+    launcher and mpiexec forward a signal more than once, and a late copy must
+    not kill a rank while it writes the final summary; and every rank waits for
+    that close, since mpiexec kills the job when a rank exits 143 before it.
     """
     comm = comm if comm is not None else MPI.COMM_WORLD
     validate(cfg, comm.size, check_output=False)
@@ -171,10 +179,11 @@ def run(
         _restore(resume, comm, state, loop, recorder, offsets)
     writer = None
     if cfg.output:
-        writer = (
-            _open_writer(cfg, comm, prob, method, T, offsets[-1], eng.schedule.n_stages)
+        writer = _collective(
+            comm,
+            (lambda: _open_writer(cfg, comm, prob, method, T, offsets[-1], eng.schedule.n_stages))
             if resume is None
-            else _reopen_writer(resume, comm, state.t - 1, cfg)
+            else (lambda: _reopen_writer(resume, comm, state.t - 1, resume_overrides)),
         )
     inject = _injection(cfg.inject_failure)
     flushed, rows, status, extra = 0, [], "complete", {}
@@ -259,7 +268,6 @@ def run(
             flush()
         if status != "complete" or (cfg.time_budget and loop["mtime"] >= cfg.time_budget):
             break
-    stop.restore()
     prog.update(len(rows), rows[-1][1] if rows else math.nan, loop["mtime"], force=True)
     extra.update(prob.info)
     extra["iterations_planned"] = T
@@ -274,9 +282,13 @@ def run(
             figures = derived_figures(cfg, eng, summary, loop["mtime"], done)
             writer.close(status, {"info": json.dumps(extra), "figures": json.dumps(figures)})
             extra["figures"] = figures
+        # no rank leaves before the file is closed: mpiexec ends the whole job when one
+        # rank exits with a non-zero status (143 after SIGTERM) while rank 0 still writes
+        comm.Barrier()
     eng.close()
     if ev is not None:
         ev.close()
+    stop.restore()  # only now: every copy of a forwarded signal was absorbed while writing
     table = np.array(rows, dtype=float).reshape(-1, len(COLUMNS))
     return RunResult(cfg, method, status, table, state.theta, extra)
 
@@ -362,10 +374,33 @@ class _StopFlag:
             signal.signal(sig, h)
 
 
-def _reopen_writer(path: str, comm, last_iteration: int, cfg: RunConfig):
+def _collective(comm, make):
+    """``make()`` on every rank (rank 0 may fail); its error, if any, raised on every rank."""
+    from hpcpipe.run.results import ResultsError
+
+    out, err = None, None
+    try:
+        out = make()
+    except ResultsError as e:
+        err = str(e)
+    err = comm.bcast(err, root=0)
+    if err:
+        raise ResultsError(err)
+    return out
+
+
+def _reopen_writer(path: str, comm, last_iteration: int, overrides: dict | None):
     from hpcpipe.run.results import Writer
 
-    return Writer.reopen(path, last_iteration, COLUMNS) if comm.rank == 0 else None
+    if comm.rank != 0:
+        return None
+    return Writer.reopen(
+        path,
+        last_iteration,
+        COLUMNS,
+        log=lambda m: print(f"hpcpipe: {m}", file=sys.stderr, flush=True),
+        overrides=overrides,
+    )
 
 
 def _open_writer(

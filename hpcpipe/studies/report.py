@@ -85,6 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         "--study", action="append", choices=sorted(STUDIES), help="only these studies (repeatable)"
     )
     args = p.parse_args(argv)
+    for d in args.dirs:
+        if not Path(d).is_dir():
+            what = "is a file, not a folder" if Path(d).exists() else "does not exist"
+            print(f"hpcpipe analyze: results folder {d!r} {what}", file=sys.stderr)
+            return 2
+    out = Path(args.out)
+    if out.exists() and not out.is_dir() or not out.exists() and out.parent.is_file():
+        print(f"hpcpipe analyze: -o {args.out!r} must be a folder", file=sys.stderr)
+        return 2
     results, path = analyse(args.dirs, args.out, args.study)
     bad = [v for r in results for v in r.verdicts if v.kind == "bound" and v.ok is False]
     n = sum(len(r.verdicts) for r in results)

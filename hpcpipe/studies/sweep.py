@@ -22,6 +22,7 @@ import difflib
 import hashlib
 import itertools
 import json
+import os
 import re
 import sys
 import time
@@ -164,18 +165,45 @@ def load_sweep(path: str | Path, out: str | None = None) -> Sweep:
 
 
 def point_state(pt: Point) -> str:
-    """'missing', 'complete', 'diverged', 'incomplete' or 'unreadable' for a point's file."""
-    from hpcpipe.run.results import ResultsError, load
+    """'missing', 'running' (its writer holds the lock), 'complete', 'diverged',
+    'failed', 'incomplete' or 'unreadable' for a point's file."""
+    from hpcpipe.run.results import ResultsError, is_locked, load
 
     if not pt.path.exists():
         return "missing"
-    for attempt in range(3):  # a file caught mid-update by its writer reads fine a moment later
+    if is_locked(pt.path):
+        return "running"
+    try:
+        return load(pt.path).status
+    except ResultsError:
+        return "running" if is_locked(pt.path) else "unreadable"
+
+
+LOCK_NAME = ".hpcpipe-sweep.lock"
+
+
+class SweepLock:
+    """A ``flock`` on ``<out>/.hpcpipe-sweep.lock``: exclusive for a whole sweep, shared for
+    ``--point`` tasks (Slurm array tasks of one sweep run side by side), so two sweeps on
+    one folder do not interleave. The kernel drops it when its holder dies."""
+
+    def __init__(self, out: Path, shared: bool):
+        import fcntl
+
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / LOCK_NAME
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            return load(pt.path).status
-        except ResultsError:
-            if attempt < 2:
-                time.sleep(0.2)
-    return "unreadable"
+            fcntl.flock(self.fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self.fd)
+            raise ConfigError(
+                f"results folder {str(out)!r} is in use by another sweep (lock {self.path} "
+                "is held): wait for it to finish, or choose another --out"
+            ) from None
+
+    def release(self) -> None:
+        os.close(self.fd)
 
 
 def write_grid(sweep: Sweep) -> Path:
@@ -222,10 +250,13 @@ def run_points(comm, sweep: Sweep, indices: list[int] | None = None, log=print) 
     counts = {"ran": 0, "resumed": 0, "skipped": 0}
     for pt in todo:
         state = comm.bcast(point_state(pt) if comm.rank == 0 else None, root=0)
-        if state in ("complete", "diverged", "failed", "unreadable"):
+        if state in ("complete", "diverged", "failed", "unreadable", "running"):
             counts["skipped"] += 1
             if comm.rank == 0:
-                why = "unreadable file, left as it is" if state == "unreadable" else state
+                why = {
+                    "unreadable": "unreadable file, left as it is",
+                    "running": "another process is writing its file",
+                }.get(state, state)
                 log(f"[{sweep.name}] point {pt.index} {pt.label}: skipped ({why})")
             continue
         if pt.ranks > comm.size:
@@ -264,9 +295,23 @@ def run_points(comm, sweep: Sweep, indices: list[int] | None = None, log=print) 
 
 def main_inside(comm, path: str, out: str | None, indices: list[int] | None) -> int:
     sweep = load_sweep(path, out)
+    lock, err = None, None
     if comm.rank == 0:
-        write_grid(sweep)
-    counts = run_points(comm, sweep, indices, log=lambda m: print(m, flush=True))
+        try:
+            lock = SweepLock(sweep.out, shared=indices is not None)
+            write_grid(sweep)
+        except ConfigError as e:
+            err = str(e)
+    err = comm.bcast(err, root=0)
+    if err:
+        if comm.rank == 0:
+            print(f"hpcpipe: {err}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        counts = run_points(comm, sweep, indices, log=lambda m: print(m, flush=True))
+    finally:
+        if lock is not None:
+            lock.release()
     if comm.rank == 0:
         mine = indices if indices is not None else range(len(sweep.points))
         states = {i: point_state(sweep.points[i]) for i in mine}  # never others' files
@@ -283,6 +328,16 @@ def main_inside(comm, path: str, out: str | None, indices: list[int] | None) -> 
     return 0
 
 
-def describe(sweep: Sweep, stream=sys.stdout) -> None:
+def describe(sweep: Sweep, stream=None) -> None:
+    from hpcpipe.run.results import ResultsError, load
+
+    stream = stream or sys.stdout
     for p in sweep.points:
-        print(f"{p.index:4d}  ranks {p.ranks:3d}  {point_state(p):10s}  {p.path}", file=stream)
+        state = point_state(p)
+        why = ""
+        if state == "unreadable":
+            try:
+                load(p.path)
+            except ResultsError as e:
+                why = f"  ({e})"
+        print(f"{p.index:4d}  ranks {p.ranks:3d}  {state:10s}  {p.path}{why}", file=stream)
