@@ -6,3 +6,7 @@ Optimization and Application to Distributed Deep Learning", NeurIPS 2019
 """
 
 __version__ = "0.1.0"
+
+from hpcpipe.pipeline.schedules import register_schedule  # noqa: E402
+
+__all__ = ["__version__", "register_schedule"]

@@ -17,6 +17,37 @@ DESCRIPTION = (
 DEFAULT_OUTPUT = "runs/<problem>-<optimizer>-<time>-<pid>.h5"
 
 
+def registry_argument(registry) -> dict:
+    """argparse keywords for a name read from ``registry``: its names are the choices,
+    ``package.module:attribute`` is accepted too, and a bad name gets the registry's message."""
+
+    class Names:
+        def __contains__(self, name: object) -> bool:
+            return isinstance(name, str) and registry.check(name) is None
+
+        def __iter__(self):
+            return iter([n for n in registry.names() if ":" not in n])
+
+    def name(text: str) -> str:
+        err = registry.check(text)
+        if err:
+            raise argparse.ArgumentTypeError(err)
+        return text
+
+    names = "|".join(Names())
+    return {
+        "type": name,
+        "choices": Names(),
+        "metavar": f"{{{names}}}|module:attr",
+    }
+
+
+def _schedule_argument() -> dict:
+    from hpcpipe.pipeline.schedules import SCHEDULES
+
+    return registry_argument(SCHEDULES)
+
+
 def cmd_schedule(args) -> int:
     from hpcpipe.pipeline import schedules
 
@@ -346,7 +377,8 @@ def cmd_simulate(args) -> int:
         cf = closed_form(
             args.schedule, args.stages, args.items, args.t_forward, args.t_backward, args.message
         )
-        print(f"closed form {cf:.6g} (difference {res.makespan - cf:.3g})")
+        note = schedules.entry(args.schedule).closed_form_note
+        print(f"closed form {cf:.6g} (difference {res.makespan - cf:.3g}; {note})")
     except ValueError as e:
         print(f"closed form: {e}")
     if args.plot:
@@ -605,7 +637,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print which action (sF(i): forward of item i, sB(i): backward) "
         "each stage runs, in order, and the most items a stage holds at once.",
     )
-    s.add_argument("kind", choices=["sequential", "gpipe", "1f1b"], help="the schedule")
+    s.add_argument(
+        "kind",
+        help="the schedule (a registered name or package.module:builder)",
+        **_schedule_argument(),
+    )
     s.add_argument("--stages", type=int, default=4, help="pipeline stages S (default 4)")
     s.add_argument("--items", type=int, default=8, help="work items n per call (default 8)")
     s.add_argument("--width", type=int, default=None, help="at most this many actions per row")
@@ -683,7 +719,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time a schedule by discrete-event simulation (no MPI): makespan, "
         "bubble fraction and the closed form, in model units (tau).",
     )
-    s.add_argument("schedule", choices=["sequential", "gpipe", "1f1b"], help="the schedule")
+    s.add_argument(
+        "schedule",
+        help="the schedule (a registered name or package.module:builder)",
+        **_schedule_argument(),
+    )
     s.add_argument("--stages", type=int, default=4, help="pipeline stages S (default 4)")
     s.add_argument("--items", type=int, default=8, help="work items n per call (default 8)")
     s.add_argument(

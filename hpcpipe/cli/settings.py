@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from hpcpipe.run.config import CHOICES, GROUPS, RunConfig
+from hpcpipe.run.config import CHOICES, GROUPS, REGISTRIES, RunConfig
 
 TYPE_NAMES = {"int": "integer", "float": "number", "str": "string"}
 
@@ -32,6 +32,9 @@ def key_help(f: dataclasses.Field) -> str:
     meaning = f.metadata.get("help", "")
     choices = CHOICES.get(f.name)
     allowed = f"; one of: {', '.join(map(str, choices))}" if choices else ""
+    if f.name in REGISTRIES:
+        names = [n for n in REGISTRIES[f.name].names() if ":" not in n]
+        allowed = f"; one of: {', '.join(names)}, or package.module:attribute"
     default = f.default if f.default != "" else '""'
     return f"{meaning}{allowed} ({_type_name(f)}, default {default})"
 

@@ -37,7 +37,9 @@ from hpcpipe.model.stages import (
 )
 from hpcpipe.pipeline import schedules
 from hpcpipe.pipeline.clocks import CostModel, ModelClock, NoClock, WallClock, align_wall_clocks
-from hpcpipe.pipeline.transport import BWD, FWD, Channel, Waiter
+from hpcpipe.pipeline.transport import BWD, FWD, Channel, Waiter, tag
+
+FORWARD = int(schedules.Kind.FORWARD)
 
 # columns of the per-action event table of one call
 EV_WAIT, EV_READY, EV_END = 0, 1, 2
@@ -110,6 +112,7 @@ class Engine:
         schedule.validate()
         self.schedule = schedule
         self.codes: list[int] = schedule.codes[self.rank].tolist()
+        self._items_kinds = list(zip(*schedules.decode_list(schedule.codes[self.rank])))
         self.layer_time = float(layer_time) * (hi - lo)
         self.spin = spin
         self.waiter = Waiter(wait, self.size, timeout=timeout)
@@ -125,10 +128,9 @@ class Engine:
             raise ValueError(f"clock {clock!r}: choose wall, model or none")
         self.events = np.zeros((len(self.codes), 3))
         tub = comm.Get_attr(MPI.TAG_UB)
-        if tub is not None and 2 * self.n_items + 1 > tub:
-            raise ValueError(
-                f"{self.n_items} items need tags up to {2 * self.n_items + 1} > MPI_TAG_UB {tub}"
-            )
+        top = tag(self.n_items - 1, BWD)
+        if tub is not None and top > tub:
+            raise ValueError(f"{self.n_items} items need tags up to {top} > MPI_TAG_UB {tub}")
         item_rows = [
             self.rows[i % microbatches][1] - self.rows[i % microbatches][0]
             for i in range(self.n_items)
@@ -276,11 +278,10 @@ class Engine:
         clock.reset()
         MPI.Prequest.Startall(self._recvs)
         t_first = now()
-        for idx, code in enumerate(self.codes):
-            i = code >> 1
+        for idx, (i, kind) in enumerate(self._items_kinds):
             k, r0, r1 = items[i]
             ev_wait[idx] = now()
-            if code & 1 == 0:  # forward of item i
+            if kind == FORWARD:  # forward of item i
                 if k not in params:
                     if weights_var and gamma != 0.0:
                         params[k] = st.views(st.perturbed(point, gamma, self.seed, call, k))

@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcpipe.pipeline.engine import EV_END, EV_READY, EV_WAIT, Engine
+from hpcpipe.pipeline.schedules import items, kinds
 
 N_FIELDS = 8  # iteration, rank, stage, kind, item, wait, start, end
 
@@ -25,8 +26,8 @@ class Recorder:
         self._static = np.zeros((len(codes), N_FIELDS))
         self._static[:, 1] = engine.rank
         self._static[:, 2] = engine.rank
-        self._static[:, 3] = codes & 1
-        self._static[:, 4] = codes >> 1
+        self._static[:, 3] = kinds(codes)
+        self._static[:, 4] = items(codes)
         self.pending: list[np.ndarray] = []
         self.busy = self.wait = self.idle = 0.0
         self.actions = 0
@@ -97,8 +98,8 @@ class SimulatedRecorder(Recorder):
             for s, codes in enumerate(executor.schedule.codes):
                 rows = np.zeros((len(codes), N_FIELDS))
                 rows[:, 1] = rows[:, 2] = s
-                rows[:, 3] = codes & 1
-                rows[:, 4] = codes >> 1
+                rows[:, 3] = kinds(codes)
+                rows[:, 4] = items(codes)
                 rows[:, 5], rows[:, 6], rows[:, 7] = res.waits[s], res.readys[s], res.ends[s]
                 parts.append(rows)
             self._static = np.concatenate(parts)

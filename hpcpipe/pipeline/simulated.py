@@ -76,7 +76,7 @@ def schedule_timing(
     Built-in schedules are keyed by (name, S, n, costs, message costs); a
     schedule object of one's own by its identity.
     """
-    name = schedule.name if schedule.name in schedules.BUILDERS else id(schedule)
+    name = schedule.name if schedule.name in schedules.SCHEDULES else id(schedule)
     key = (
         name,
         schedule.n_stages,

@@ -8,9 +8,9 @@ therefore equals the model clock of a real MPI run of the same configuration
 exactly (tested), and scales to any S and n.
 
 Closed forms for uniform costs (t_F, t_B per stage, message cost c = α + b·β
-for every message), given in ``closed_form``'s docstring with how each was
-obtained, and checked against the simulator and the MPI model clock by the
-tests.
+for every message) are kept with each schedule in the registry
+(``schedules.SCHEDULES``) with how each was obtained, and checked against the
+simulator and the MPI model clock by the tests.
 """
 
 from __future__ import annotations
@@ -96,32 +96,17 @@ def simulate_uniform(
 
 
 def closed_form(name: str, S: int, n: int, t_f: float, t_b: float, c: float = 0.0) -> float:
-    """Makespan of a schedule with uniform costs, exactly.
+    """Makespan of a registered schedule with uniform costs, from its registry entry.
 
-    * sequential: each item crosses S stages and S − 1 links each way before
-      the next starts: T = n · (S(t_F + t_B) + 2(S − 1)c).
-    * gpipe: by induction on the recurrence E_F(s,i) = max(E_F(s,i−1),
-      E_F(s−1,i) + c) + t_F, the forward of item i ends on stage s at
-      (s + i + 1)t_F + s·c (both arguments of the max are equal); the
-      backward mirrors it from the last stage, starting at E_F(S−1, n−1).
-      Hence T = (n + S − 1)(t_F + t_B) + 2(S − 1)c.
-    * 1f1b: T = (n + S − 1)(t_F + t_B) + 2c·[(S − 1) + (n − 2) − ⌊(n − 2)/S⌋].
-      With c = 0 this is the GPipe bubble. The message term was read off the
-      exact simulator (its coefficient of c does not depend on t_F, t_B or
-      c) and then checked on 1,088 random configurations (S <= 8, n <= 64,
-      t_F, t_B in [0.01, 5], c in [0, 10]; worst relative error 5e-15) and
-      by the tests; it is verified, not proven. Reading: the fill/drain
-      pays 2(S − 1)c as in GPipe, and in steady state stage 0 keeps S items
-      in flight, each a round trip of 2(S − 1) messages, i.e. 2c(1 − 1/S)
-      per item — every item but one in S adds 2c.
+    The formulas and how each was obtained are in the builders' companions in
+    ``schedules`` (``sequential_time``, ``gpipe_time``, ``one_f_one_b_time``:
+    the last one's message term is empirical). Raises ValueError when the
+    schedule has no closed form.
     """
-    if name == "sequential":
-        return n * (S * (t_f + t_b) + 2 * (S - 1) * c)
-    if name == "gpipe":
-        return (n + S - 1) * (t_f + t_b) + 2 * (S - 1) * c
-    if name == "1f1b":
-        return (n + S - 1) * (t_f + t_b) + 2 * c * ((S - 1) + (n - 2) - (n - 2) // S)
-    raise ValueError(f"no closed form for schedule {name!r}")
+    cf = schedules.entry(name).closed_form
+    if cf is None:
+        raise ValueError(f"no closed form for schedule {name!r}")
+    return cf(S, n, t_f, t_b, c)
 
 
 def pipeline_speedup(K: int, depth: int) -> float:
@@ -138,10 +123,11 @@ def gantt_rows(res: SimResult) -> list[list[tuple[float, float, str, int]]]:
         raise ValueError("simulate(..., record=True) is needed for a timeline")
     rows = []
     for s, codes in enumerate(res.schedule.codes):
+        its, kds = schedules.decode_list(codes)
         rows.append(
             [
-                (res.readys[s][p], res.ends[s][p], "B" if c & 1 else "F", int(c >> 1))
-                for p, c in enumerate(codes.tolist())
+                (res.readys[s][p], res.ends[s][p], schedules.Kind(k).letter, i)
+                for p, (i, k) in enumerate(zip(its, kds))
             ]
         )
     return rows

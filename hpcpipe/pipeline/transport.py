@@ -2,7 +2,7 @@
 
 Each direction to each neighbour has one preallocated contiguous float64
 buffer, sliced into one message per work item, and one persistent request
-per item (``Send_init`` / ``Recv_init``, tag = 2·item + direction). A message
+per item (``Send_init`` / ``Recv_init``, tag = the sending action's code). A message
 is the item's activation (or gradient) rows followed by one float64 holding
 the sender's clock stamp, so the model clock travels with the data in the
 same message. All receives of a call are started before its first action;
@@ -18,12 +18,17 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-FWD, BWD = 0, 1
+from hpcpipe.pipeline.schedules import Kind, encode
+
+# a message travels with the kind of action that sends it: activations with
+# forwards, gradients with backwards
+FWD, BWD = int(Kind.FORWARD), int(Kind.BACKWARD)
 WAIT_POLICIES = ("busy", "yield", "sleep", "auto")
 
 
 def tag(item: int, direction: int) -> int:
-    return 2 * item + direction
+    """The message tag of item's activation (FWD) or gradient (BWD): its sender's action code."""
+    return int(encode(item, direction))
 
 
 class Channel:

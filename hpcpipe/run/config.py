@@ -22,7 +22,7 @@ else:  # pragma: no cover
 
 from hpcpipe.optim.methods import METHODS
 from hpcpipe.pipeline.executors import EXECUTORS
-from hpcpipe.pipeline.schedules import BUILDERS
+from hpcpipe.pipeline.schedules import SCHEDULES
 from hpcpipe.pipeline.transport import WAIT_POLICIES
 from hpcpipe.problems.builtin import PROBLEMS
 
@@ -122,9 +122,10 @@ class RunConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+# keys whose value names a registry entry (or a user's package.module:attribute)
+REGISTRIES = {"schedule": SCHEDULES}
 CHOICES = {
     "problem": PROBLEMS,
-    "schedule": tuple(BUILDERS),
     "optimizer": METHODS,
     "mode": ("practical", "theory"),
     "clock": ("model", "wall"),
@@ -226,6 +227,10 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
     for name, options in CHOICES.items():
         v = getattr(cfg, name)
         _need(v in options, name, v, f"choose one of {', '.join(options)}")
+    for name, registry in REGISTRIES.items():
+        bad = registry.check(getattr(cfg, name))
+        if bad:
+            raise ConfigError(f"{name} = {getattr(cfg, name)!r} is not allowed: {bad}")
     for name in ("depth", "samples", "iterations", "m"):
         _need(getattr(cfg, name) >= 1, name, getattr(cfg, name), "must be >= 1")
     _need(cfg.dim >= 1, "dim", cfg.dim, "must be >= 1")

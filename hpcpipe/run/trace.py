@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcpipe.pipeline.schedules import Kind
+
 
 def chrome_trace(
     timeline: dict[str, np.ndarray], clock: str = "wall", iterations: list[int] | None = None
@@ -34,7 +36,7 @@ def chrome_trace(
     for idx in np.flatnonzero(sel):
         r = int(timeline["rank"][idx])
         s = int(timeline["stage"][idx])
-        kind = "B" if timeline["kind"][idx] else "F"
+        kind = Kind(int(timeline["kind"][idx])).letter
         item, it = int(timeline["item"][idx]), int(timeline["iteration"][idx])
         w, st, en = (float(timeline[k][idx]) for k in ("wait", "start", "end"))
         args = {"iteration": it, "item": item, "clock": clock}
@@ -82,7 +84,7 @@ def gantt_png(
     title: str = "",
     unit: str = "s",
 ) -> None:
-    """Draw per-stage cells (start, end, kind, item): forward blue, backward orange."""
+    """Draw per-stage cells (start, end, kind, item): one colour per action kind."""
     try:
         import matplotlib
 
@@ -92,7 +94,8 @@ def gantt_png(
         raise RuntimeError("plots need matplotlib: pip install 'hpcpipe[plot]'") from e
     S = len(rows)
     fig, ax = plt.subplots(figsize=(10, 0.5 + 0.45 * S))
-    colors = {"F": "#4c72b0", "B": "#dd8452"}
+    palette = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
+    colors = {k.letter: palette[k % len(palette)] for k in Kind}
     many = sum(len(r) for r in rows) > 400
     for s, cells in enumerate(rows):
         for start, end, kind, item in cells:
@@ -136,7 +139,7 @@ def timeline_rows(timeline: dict[str, np.ndarray], iteration: int):
         m = sel & (timeline["stage"] == s)
         rows.append(
             [
-                (float(a) - t0, float(b) - t0, "B" if k else "F", int(i))
+                (float(a) - t0, float(b) - t0, Kind(int(k)).letter, int(i))
                 for a, b, k, i in zip(
                     timeline["start"][m],
                     timeline["end"][m],

@@ -10,7 +10,7 @@ import pytest
 from helpers import from_root, sub_comm
 from mpi4py import MPI
 
-from hpcpipe.pipeline.schedules import BUILDERS
+from hpcpipe.pipeline.schedules import SCHEDULES
 from hpcpipe.run.config import make_config
 from hpcpipe.run.runner import gather_theta, make_problem, run
 
@@ -35,7 +35,7 @@ COMMON = dict(
 
 @pytest.mark.mpi(min_size=4)
 @pytest.mark.parametrize("P", [1, 2, 4])
-@pytest.mark.parametrize("schedule", list(BUILDERS))
+@pytest.mark.parametrize("schedule", SCHEDULES.names())
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_simulated_equals_mpi_model_clock(case, schedule, P):
     values = {**CASES[case], **COMMON, "schedule": schedule}
