@@ -56,9 +56,9 @@ def test_pipeline_refuses_fewer_layers_than_ranks():
 
 
 def test_simulate_case_in_process(capsys):
-    assert bench_simulate(1, stages=4, items=4) == 0
+    assert bench_simulate(1, stages=4, items=4, big=8, big_repeats=1, query=(4, 10)) == 0
     out = capsys.readouterr().out
-    assert "M actions/s" in out and "gpipe" in out
+    assert "M actions/s" in out and "gpipe" in out and "fill-drain" in out
 
 
 def test_paired_alternates_the_order():

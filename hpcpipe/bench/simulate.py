@@ -6,16 +6,40 @@ from hpcpipe.bench.common import header, median
 from hpcpipe.run.table import table
 
 
-def bench_simulate(repeats: int = 3, stages: int = 1024, items: int = 1024) -> int:
-    """Median wall time of timing one schedule of S stages x n items, per schedule."""
+def bench_simulate(
+    repeats: int = 5,
+    stages: int = 1024,
+    items: int = 1024,
+    big: int = 4096,
+    big_repeats: int = 3,
+    query: tuple[int, int] = (4096, 10_000),
+) -> int:
+    """Median time to simulate each registered built-in schedule, with random costs.
+
+    Three sizes: S = n = ``stages`` (throughput in M actions/s, the goal being
+    >= 10), S = n = ``big`` (the goal being <= 5 s), and one makespan query of
+    ``query`` = (S, n), the size a simulated-executor study asks for. The
+    kernel that ran is printed beside each figure, and both the wall time and
+    this process's CPU time (the wall time on a shared machine also counts
+    waiting for a core).
+    """
+    from hpcpipe.pipeline.schedules import SCHEDULES
     from hpcpipe.pipeline.simulator import throughput
 
-    header(None, f"simulator throughput, S = {stages}, n = {items}, median of {repeats}")
+    names = [n for n in SCHEDULES.names() if ":" not in n]
+    header(
+        None,
+        f"simulator, random per-stage and per-message costs; S = n = {stages} and "
+        f"S = n = {big} (median of {repeats} and {big_repeats}), query S = {query[0]}, "
+        f"n = {query[1]} (one run)",
+    )
     rows = []
-    for name in ("sequential", "gpipe", "1f1b"):
-        runs = [throughput(stages, items, name) for _ in range(repeats)]
-        n = runs[0][0]
-        t = median(r[1] for r in runs)
-        rows.append([name, stages, items, n, t, n / t / 1e6])
-    print(table(["schedule", "S", "n", "actions", "median (s)", "M actions/s"], rows))
+    for S, n, reps in ((stages, items, repeats), (big, big, big_repeats), (*query, 1)):
+        for name in names:
+            runs = [throughput(S, n, name, seed=r) for r in range(reps)]
+            wall, cpu = median(r[1] for r in runs), median(r[2] for r in runs)
+            acts, kernel = runs[0][0], runs[0][3]
+            rows.append([name, S, n, acts, kernel, wall, cpu, acts / wall / 1e6, acts / cpu / 1e6])
+    head = ["schedule", "S", "n", "actions", "kernel", "wall (s)", "cpu (s)"]
+    print(table(head + ["M actions/s (wall)", "M actions/s (cpu)"], rows))
     return 0

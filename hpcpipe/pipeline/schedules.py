@@ -82,6 +82,12 @@ def n_codes(n_items: int) -> int:
     return N_KINDS * n_items
 
 
+def per_kind(by_code: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Views (one per ``Kind``, shape (S, n)) of an (S, n_codes) array indexed by action code."""
+    v = by_code.reshape(by_code.shape[0], -1, N_KINDS)
+    return tuple(v[:, :, k] for k in Kind)
+
+
 def decode_list(codes: np.ndarray) -> tuple[list[int], list[int]]:
     """(items, kinds) of a stage's action list as Python lists (for per-action loops)."""
     codes = np.asarray(codes, dtype=np.int64)
@@ -166,10 +172,20 @@ def _action(stage: int, code: int) -> Action:
 class Schedule:
     """Per-stage ordered action codes for ``n_stages`` stages and ``n_items`` items."""
 
-    def __init__(self, name: str, n_stages: int, n_items: int, codes: Sequence[np.ndarray]):
+    def __init__(
+        self,
+        name: str,
+        n_stages: int,
+        n_items: int,
+        codes: Sequence[np.ndarray],
+        shape: str = "",
+    ):
         self.name, self.n_stages, self.n_items = name, n_stages, n_items
         self.codes = tuple(np.asarray(c, dtype=np.int64) for c in codes)
         self.wrong_stage: list[tuple[int, Action]] = []
+        # the built-in builder that made these lists ("" otherwise): the simulator
+        # then tries that builder's kernel, after checking the lists are still its own
+        self.shape = shape
 
     @classmethod
     def from_lists(
@@ -216,7 +232,7 @@ def sequential(n_stages: int, n_items: int) -> Schedule:
     codes = np.empty(n_codes(n_items), dtype=np.int64)
     codes[0::2] = encode(_i(n_items), Kind.FORWARD)
     codes[1::2] = encode(_i(n_items), Kind.BACKWARD)
-    return Schedule("sequential", n_stages, n_items, [codes] * n_stages)
+    return Schedule("sequential", n_stages, n_items, [codes] * n_stages, "sequential")
 
 
 def gpipe(n_stages: int, n_items: int) -> Schedule:
@@ -224,7 +240,7 @@ def gpipe(n_stages: int, n_items: int) -> Schedule:
     _check_sizes(n_stages, n_items)
     i = _i(n_items)
     codes = np.concatenate([encode(i, Kind.FORWARD), encode(i, Kind.BACKWARD)])
-    return Schedule("gpipe", n_stages, n_items, [codes] * n_stages)
+    return Schedule("gpipe", n_stages, n_items, [codes] * n_stages, "gpipe")
 
 
 def one_f_one_b(n_stages: int, n_items: int) -> Schedule:
@@ -246,7 +262,7 @@ def one_f_one_b(n_stages: int, n_items: int) -> Schedule:
         warm = encode(_i(w), Kind.FORWARD)
         cool = encode(_i(n_items, steady), Kind.BACKWARD)
         lists.append(np.concatenate([warm, mid, cool]))
-    return Schedule("1f1b", n_stages, n_items, lists)
+    return Schedule("1f1b", n_stages, n_items, lists, "1f1b")
 
 
 def sequential_time(S: int, n: int, t_f: float, t_b: float, c: float = 0.0) -> float:

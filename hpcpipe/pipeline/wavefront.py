@@ -1,0 +1,289 @@
+"""Vectorised timing kernels of the simulator: the same operations as the walk, in bulk.
+
+Every action's end time is
+
+    end = max(stage clock, end(dependency) + message) + t_kind,
+
+with the dependency given by ``schedules.dependency``. The walk
+(``schedules.walk``) evaluates it one action at a time. The kernels here
+evaluate it for many independent actions per numpy call, performing for each
+action the same floating-point operations on the same operands as the walk,
+so the results are bitwise equal (tested against the walk):
+
+* ``chain`` (sequential): all actions form one chain and, with costs >= 0,
+  the max always picks the dependency (values along a chain never decrease
+  and the stage's previous action is earlier in it); so the end times are a
+  running sum, taken by ``np.add.accumulate`` (a sequential left fold) over
+  the interleaved increments message, t, message, t, ...
+* ``fill_drain`` (GPipe): the forward of item i on stage s depends on the
+  forward of item i-1 on s and of item i on s-1, so every anti-diagonal
+  s + i = d is computed at once from the previous one (strided views of a
+  padded matrix, three ufunc calls per diagonal); the backwards likewise
+  with the stages reversed, starting from each stage's last forward.
+* ``rounds`` (any valid schedule, e.g. 1F1B): in each round every stage
+  whose next action has its input runs it; a round is a dozen whole-array
+  numpy calls over the S stages. It needs about (length of the longest
+  dependency path) rounds, 2(n + S) for the fill-drain family, so it is
+  abandoned for the walk when a schedule is too serial for it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpcpipe.pipeline import schedules
+from hpcpipe.pipeline.schedules import Kind, Schedule
+
+INF = np.inf
+
+
+def same_lists(schedule: Schedule, expected: Schedule) -> bool:
+    """True when ``schedule`` has exactly the action lists of ``expected``."""
+    return len(schedule.codes) == len(expected.codes) and all(
+        np.array_equal(a, b) for a, b in zip(schedule.codes, expected.codes)
+    )
+
+
+# ---------------------------------------------------------------- sequential
+
+
+def chain(tf: np.ndarray, tb: np.ndarray, msg: np.ndarray, block: int = 1 << 22):
+    """(end_f, end_b), each (S, n), of the sequential schedule; costs must be >= 0.
+
+    Item i's chain is F(0,i) .. F(S-1,i), B(S-1,i) .. B(0,i), and F(0,i)
+    follows B(0,i-1). The increments of one item, in chain order, are
+    t_F[0], c[0], t_F[1], ..., c[S-2], t_F[S-1], t_B[S-1], c[S-2], t_B[S-2],
+    ..., c[0], t_B[0]: the walk adds the message to the dependency's end,
+    takes the max (which returns that sum) and adds t_kind.
+    """
+    S, n = len(tf), msg.shape[1]
+    width = 4 * S - 2
+    end_f = np.empty((S, n))
+    end_b = np.empty((S, n))
+    per = max(1, block // width)
+    carry = 0.0
+    for lo in range(0, n, per):
+        hi = min(n, lo + per)
+        inc = np.empty((hi - lo, width))
+        inc[:, 0] = tf[0]
+        inc[:, 1 : 2 * S - 1 : 2] = msg[:, lo:hi].T
+        inc[:, 2 : 2 * S - 1 : 2] = tf[1:]
+        inc[:, 2 * S - 1] = tb[S - 1]
+        inc[:, 2 * S :: 2] = msg[::-1, lo:hi].T
+        inc[:, 2 * S + 1 :: 2] = tb[S - 2 :: -1]
+        flat = np.empty(inc.size + 1)
+        flat[0] = carry
+        flat[1:] = inc.ravel()
+        np.add.accumulate(flat, out=flat)
+        acc = flat[1:].reshape(hi - lo, width)
+        end_f[:, lo:hi] = acc[:, 0 : 2 * S - 1 : 2].T
+        end_b[::-1, lo:hi] = acc[:, 2 * S - 1 :: 2].T
+        carry = flat[-1]
+    return end_f, end_b
+
+
+# ---------------------------------------------------------------- fill-drain
+
+
+def _sweep(t: np.ndarray, msg: np.ndarray, start: np.ndarray, n: int) -> np.ndarray:
+    """E[s, i] = max(E[s, i-1], E[s-1, i] + msg[s-1, i]) + t[s], E[s, -1] = start[s].
+
+    Stage 0 has no dependency. Computed by anti-diagonals s + i = d on a
+    padded matrix P[s+1, i+1] = E[s, i] whose row 0 is -inf (so the max
+    returns the stage's own clock there, as the walk's plain addition does)
+    and whose column 0 holds ``start``; diagonals of P are strided views.
+    """
+    S = len(t)
+    w = n + 1
+    P = np.empty((S + 1, w))
+    P[0, :] = -INF
+    P[1:, 0] = start
+    M = np.zeros((S + 1, w))
+    M[2:, 1:] = msg
+    Pf, Mf = P.ravel(), M.ravel()
+    buf = np.empty(S)
+    for d in range(n + S - 1):
+        lo, hi = max(0, d - n + 1), min(S - 1, d)
+        k = hi - lo + 1
+        a = lo * n + n + d + 2
+        b = a + (k - 1) * n + 1
+        cur = Pf[a:b:n]
+        tmp = buf[:k]
+        np.add(Pf[a - w : b - w : n], Mf[a:b:n], out=tmp)
+        np.maximum(tmp, Pf[a - 1 : b - 1 : n], out=tmp)
+        np.add(tmp, t[lo : hi + 1], out=cur)
+    return P[1:, 1:]
+
+
+def fill_drain(tf: np.ndarray, tb: np.ndarray, msg: np.ndarray, n: int):
+    """(end_f, end_b) of GPipe: all forwards, then all backwards, on every stage."""
+    S = len(tf)
+    msg = msg.reshape(max(S - 1, 0), n)
+    end_f = _sweep(tf, msg, np.zeros(S), n)
+    end_b = _sweep(tb[::-1].copy(), msg[::-1], end_f[::-1, n - 1], n)[::-1]
+    return end_f, end_b
+
+
+# ---------------------------------------------------------------- any schedule
+
+
+class TooSerial(Exception):
+    """The rounds kernel would be slower than the walk for this schedule."""
+
+
+def rounds(
+    schedule: Schedule,
+    tf: np.ndarray,
+    tb: np.ndarray,
+    msg: np.ndarray,
+    probe: int | None = None,
+    min_per_round: float = 16.0,
+):
+    """(end_f, end_b) of any complete schedule, one action per ready stage per round.
+
+    End times are kept by (stage, action code); the dependency of each list
+    position comes from ``schedules.DEPENDENCY``. Raises TooSerial when,
+    after ``probe`` rounds, fewer than ``min_per_round`` actions ran per
+    round on average (the walk is then faster), and ScheduleError when no
+    stage can move (a deadlock: the walk names the actions).
+    """
+    S, n = schedule.n_stages, schedule.n_items
+    probe = 2 * S + 64 if probe is None else probe
+    NC = schedules.n_codes(n)
+    codes = np.stack(schedule.codes)  # (S, L): a complete schedule has L = NC on every stage
+    L = codes.shape[1]
+    kind, item = schedules.kinds(codes), schedules.items(codes)
+    stage = np.arange(S)[:, None]
+    never, none = S * NC, S * NC + 1  # E[never] = +inf (waits forever), E[none] = -inf
+    # per position: its own slot, its dependency's slot, its message and its cost;
+    # one extra column per stage where a finished stage parks (it waits forever)
+    own = np.full((S, L + 1), never, dtype=np.int64)
+    own[:, :L] = stage * NC + codes
+    dep = np.full((S, L + 1), never, dtype=np.int64)
+    mcost = np.zeros((S, L + 1))
+    tcost = np.zeros((S, L + 1))
+    msg0 = np.zeros((S, n))  # row S - 1 stays zero: "no message"
+    msg0[: S - 1] = msg
+    for k, t in ((Kind.FORWARD, tf), (Kind.BACKWARD, tb)):
+        offset, dep_kind = schedules.DEPENDENCY[k]
+        ds = stage + offset
+        valid = (ds >= 0) & (ds < S)
+        mine = kind == k
+        slot = np.where(valid, ds * NC + schedules.encode(item, dep_kind), none)
+        dep[:, :L] = np.where(mine, slot, dep[:, :L])
+        b = np.where(valid, np.minimum(stage, ds), S - 1)
+        mcost[:, :L] = np.where(mine, msg0[b, item], mcost[:, :L])
+        tcost[:, :L] = np.where(mine, t[:, None], tcost[:, :L])
+    E = np.full(S * NC + 2, INF)
+    E[none] = -INF
+    own, dep, mcost, tcost = own.ravel(), dep.ravel(), mcost.ravel(), tcost.ravel()
+    first = np.arange(S) * (L + 1)
+    cur = first.copy()
+    clock = np.zeros(S)
+    d, m, t = np.empty(S), np.empty(S), np.empty(S)
+    di, oi = np.empty(S, dtype=np.int64), np.empty(S, dtype=np.int64)
+    ok = np.empty(S, dtype=bool)
+    total, done, r = S * L, 0, 0
+    while done < total:
+        np.take(dep, cur, out=di)
+        np.take(E, di, out=d)
+        np.take(mcost, cur, out=m)
+        np.add(d, m, out=d)
+        np.maximum(d, clock, out=d)
+        np.take(tcost, cur, out=t)
+        np.add(d, t, out=d)
+        np.take(own, cur, out=oi)
+        E[oi] = d  # a stage that waits writes +inf over its own +inf
+        np.less(d, INF, out=ok)
+        np.copyto(clock, d, where=ok)
+        cur += ok
+        r += 1
+        if r % 16 == 0 or r == probe:
+            now = int(cur.sum() - first.sum())
+            if now == done:
+                raise schedules.ScheduleError("schedule deadlocks")
+            done = now
+            if r == probe and done < min_per_round * r:
+                raise TooSerial(done, r)
+    return schedules.per_kind(E[: S * NC].reshape(S, NC))
+
+
+# ---------------------------------------------------------------- 1F1B
+
+
+def one_f_one_b_steps(tf: np.ndarray, tb: np.ndarray, msg: np.ndarray, n: int):
+    """(end_f, end_b) of 1F1B by steps: F(s, i) at step 2i + s + 1, B(s, j) at 2S − s + 2j.
+
+    These steps increase along every stage's list (warm-up forwards, then F
+    and B alternating, then the remaining backwards) and from each action's
+    dependency to it, so the actions of one step are independent and all
+    their inputs are final: a step is computed at once. On a padded matrix
+    the cells of one step lie on at most two lines for the forwards and four
+    for the backwards (split where the previous action on the stage changes
+    from a forward to a backward), each a strided view.
+    """
+    S = len(tf)
+    w = n + 1
+    PF = np.empty((S + 1, w))  # PF[s+1, i+1] = end of F(s, i); row 0: no dependency
+    PF[0] = -INF
+    PF[1:, 0] = 0.0
+    PB = np.empty((S + 1, w))  # PB[s, j+1] = end of B(s, j); row S: no dependency
+    PB[S] = -INF
+    Mp = np.zeros((S + 1, w))  # Mp[s+1, i+1] = message across boundary s for item i
+    Mp[1:S, 1:] = msg
+    pf, pb, mp = PF.ravel(), PB.ravel(), Mp.ravel()
+    buf = np.empty(S)
+    fs, bs = 2 * w - 1, 2 * w + 1  # strides along a step: s += 2 with i -= 1 (F), j += 1 (B)
+
+    def cells(out, o0, so, dd, dm, prev, p0, sp, t, s0, s1):
+        k = (s1 - s0) // 2 + 1
+        tmp = buf[:k]
+        span = (k - 1) * so + 1
+        np.add(out[o0 + dd : o0 + dd + span : so], mp[o0 + dm : o0 + dm + span : so], out=tmp)
+        np.maximum(tmp, prev[p0 : p0 + (k - 1) * sp + 1 : sp], out=tmp)
+        np.add(tmp, t[s0 : s1 + 1 : 2], out=out[o0 : o0 + span : so])
+
+    def span(lo, hi, par):
+        lo += (lo - par) % 2
+        hi -= (hi - par) % 2
+        return lo, hi
+
+    for step in range(1, 2 * S + 2 * n - 1):
+        # forwards: s = step - 1 - 2i
+        par = (step - 1) % 2
+        lo, hi = span(max(0, step - 1 - 2 * (n - 1)), min(S - 1, step - 1), par)
+        if lo <= hi:
+            cut = 2 * S - step - 1  # s <= cut: warm-up (previous action F(s, i-1))
+            a, b = span(lo, min(hi, cut), par)
+            if a <= b:
+                o0 = (a + 1) * w + (step - 1 - a) // 2 + 1
+                cells(pf, o0, fs, -w, -w, pf, o0 - 1, fs, tf, a, b)
+            a, b = span(max(lo, cut + 1), hi, par)
+            if a <= b:  # previous action B(s, i + s - S)
+                i0 = (step - 1 - a) // 2
+                o0 = (a + 1) * w + i0 + 1
+                cells(pf, o0, fs, -w, -w, pb, a * w + i0 + a - S + 1, bs, tf, a, b)
+        # backwards: s = 2S + 2j - step
+        par = step % 2
+        lo, hi = span(max(0, 2 * S - step), min(S - 1, 2 * S + 2 * n - 2 - step), par)
+        if lo > hi:
+            continue
+        segs = []
+        if S - 1 - n >= 0:  # stages whose warm-up holds every item: all F, then all B
+            j0 = 2 * S - step  # s of the j = 0 cell
+            if lo <= j0 <= min(hi, S - 1 - n):
+                segs.append((j0, j0, pf, (j0 + 1) * w + n, 1))  # previous: F(s, n-1)
+            a, b = span(max(lo, 2 * S - step + 2), min(hi, S - 1 - n), par)
+            segs.append((a, b, pb, None, bs))  # previous: B(s, j-1)
+        a, b = span(max(lo, S - n), min(hi, step - 2 * n - 2), par)
+        segs.append((a, b, pb, None, bs))  # cooldown: previous B(s, j-1)
+        a, b = span(max(lo, S - n, step - 2 * n - 1), hi, par)
+        if a <= b:  # steady: previous F(s, S-1-s+j)
+            j = (step - 2 * S + a) // 2
+            segs.append((a, b, pf, (a + 1) * w + S - a + j, fs))
+        for a, b, prev, p0, sp in segs:
+            if a > b:
+                continue
+            o0 = a * w + (step - 2 * S + a) // 2 + 1
+            cells(pb, o0, bs, w, w, prev, o0 - 1 if p0 is None else p0, sp, tb, a, b)
+    return PF[1:, 1:], PB[:S, 1:]
