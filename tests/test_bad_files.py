@@ -204,9 +204,9 @@ def _state(index, value):
 
 
 def _theta_nan(f):
-    t = f["state/theta"][()]
+    t = f["state/optimizer/theta"][()]
     t[0] = np.nan
-    f["state/theta"][...] = t
+    f["state/optimizer/theta"][...] = t
 
 
 # (case, source file, edit, readers' message fragment, also refused by --resume only)

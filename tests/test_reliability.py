@@ -125,13 +125,13 @@ def test_random_configs_validate_or_raise_config_error(values, ranks):
     assert cfg.depth >= ranks
 
 
-def hpcpipe(*args, timeout=120):
+def hpcpipe(*args, timeout=120, env=None):
     return subprocess.run(
         [sys.executable, "-m", "hpcpipe", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=ENV,
+        env=env or ENV,
     )
 
 
@@ -211,27 +211,23 @@ def test_watchdog_reports_who_waits_for_what():
     assert "from rank 2" in p.stderr  # its neighbours wait on the hung rank
 
 
-def test_sigterm_then_resume_equals_uninterrupted(tmp_path):
-    common = [
-        *RUN,
-        "--np",
-        "2",
-        "--iterations",
-        "300",
-        "--layer_time",
-        "0.002",
-        "--flush_every",
-        "7",
-    ]
+def assert_sigterm_then_resume_bitwise(tmp_path, run_args: list, env=None) -> None:
+    """A run stopped by SIGTERM and resumed ends bitwise where an uninterrupted one does:
+    every array and scalar of the optimizer's saved state, and every loss (2 ranks,
+    300 iterations slowed by emulated layers, a flush every 7)."""
+    env = env or ENV
+    n = 300
+    common = [*run_args, "--np", "2", "--iterations", str(n), "--layer_time", "0.002"]
+    common += ["--flush_every", "7"]
     full = str(tmp_path / "full.h5")
-    p = hpcpipe(*common, "--output", full, timeout=300)
+    p = hpcpipe(*common, "--output", full, timeout=300, env=env)
     assert p.returncode == 0, p.stderr
     part = str(tmp_path / "part.h5")
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpcpipe", *common, "--output", part],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=ENV,
+        env=env,
     )
     t0 = time.time()
     while time.time() - t0 < 120:
@@ -246,15 +242,26 @@ def test_sigterm_then_resume_equals_uninterrupted(tmp_path):
     proc.communicate(timeout=60)
     assert proc.returncode == 143
     r = load(part)
-    assert r.status == "incomplete" and 20 <= len(r.iterations["iteration"]) < 300
-    p = hpcpipe("run", "--np", "2", "--resume", part, "--progress", "off", timeout=300)
+    assert r.status == "incomplete" and 20 <= len(r.iterations["iteration"]) < n
+    p = hpcpipe("run", "--np", "2", "--resume", part, "--progress", "off", timeout=300, env=env)
     assert p.returncode == 0, p.stderr
     a, b = load(full), load(part)
     assert b.status == "complete" and int(b.attrs["resumed"]) == 1
-    assert b.iterations["iteration"].tolist() == list(range(1, 301))
+    assert b.iterations["iteration"].tolist() == list(range(1, n + 1))
     with h5py.File(full) as fa, h5py.File(part) as fb:
-        np.testing.assert_array_equal(fa["state/theta"][()], fb["state/theta"][()])  # bitwise
+        names = sorted(fa["state/optimizer"])
+        assert "theta" in names and names == sorted(fb["state/optimizer"])
+        for k in names:  # bitwise
+            np.testing.assert_array_equal(
+                fa[f"state/optimizer/{k}"][()], fb[f"state/optimizer/{k}"][()]
+            )
+        for k in ("optimizer_scalars", "scalars"):
+            np.testing.assert_array_equal(fa[f"state/{k}"][()], fb[f"state/{k}"][()])
     np.testing.assert_array_equal(a.iterations["loss"], b.iterations["loss"])
+
+
+def test_sigterm_then_resume_equals_uninterrupted(tmp_path):
+    assert_sigterm_then_resume_bitwise(tmp_path, RUN)
 
 
 def test_resume_rejects_truncated_foreign_and_complete_files(tmp_path):

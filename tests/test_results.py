@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import h5py
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -45,7 +46,11 @@ def test_result_file_schema_and_content(tmp_path):
     res = run(cfg, SELF)
     r = load(cfg.output)
     assert r.status == "complete"
-    assert int(r.attrs["schema_version"]) == 1
+    assert int(r.attrs["schema_version"]) == 2
+    prob = json.loads(r.attrs["problem"])
+    assert prob["name"] == prob["entry"] == "l1-chain" and prob["depth"] == 3
+    assert prob["module"] == "hpcpipe.problems.chains"
+    assert json.loads(r.attrs["method"])["name"] == "pprs" and r.attrs["executor"] == "mpi"
     assert r.config == json.loads(cfg.to_json())
     assert r.attrs["config.samples"] == 3 and r.attrs["n_ranks"] == 1
     for key in ("hpcpipe", "numpy", "mpi4py", "h5py", "mpi"):
@@ -213,3 +218,42 @@ def test_chrome_trace_structure_and_gantt_png(tmp_path):
         env=ENV,
     )
     assert p.returncode == 0 and json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+
+
+class _Stop(Exception):
+    pass
+
+
+def _interrupted(cfg, at: int) -> None:
+    """Run cfg in process and fail at iteration ``at``: the file stays incomplete."""
+
+    def fail(row):
+        if row.iteration == at:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        run(cfg, SELF, on_iteration=fail)
+
+
+@pytest.mark.parametrize("schema", [1, 2])
+def test_exception_leaves_a_resumable_file_and_resume_is_bitwise(tmp_path, schema):
+    """An exception inside the loop closes the file (status incomplete, last flush kept);
+    resuming it, also from the schema-1 layout (theta, prev), ends bitwise where an
+    uninterrupted run ends (AGD on max-chain: two arrays, a scalar, a regulariser)."""
+    kw = dict(problem="max-chain", optimizer="agd", samples=1, gamma=0.0, lr=0.05)
+    full = run(small(tmp_path, **kw, output=str(tmp_path / "full.h5")), SELF)
+    cfg = small(tmp_path, **kw, output=str(tmp_path / "part.h5"))
+    _interrupted(cfg, 10)
+    r = load(cfg.output)
+    assert r.status == "incomplete" and r.iterations["iteration"].tolist() == list(range(1, 9))
+    if schema == 1:  # the layout files written before named optimizer state had
+        with h5py.File(cfg.output, "r+") as f:
+            st = f["state"]
+            st["theta"], st["prev"] = st["optimizer/theta"][()], st["optimizer/prev"][()]
+            assert st["optimizer_scalars"][()].tolist() == [9.0] == [st["scalars"][0]]
+            del st["optimizer"], st["optimizer_scalars"]
+            f.attrs["schema_version"] = 1
+    res = run(cfg, SELF, resume=cfg.output)
+    assert res.status == "complete"
+    np.testing.assert_array_equal(res.theta, full.theta)
+    np.testing.assert_array_equal(load(cfg.output).iterations["loss"], full.column("loss"))

@@ -271,12 +271,17 @@ def cmd_validate(args, extra: list[str], argv: list[str]) -> int:
 
 
 def _default_output(cfg) -> str:
-    """DEFAULT_OUTPUT: a new file for every run (time stamp and process id)."""
+    """DEFAULT_OUTPUT: a new file for every run (time stamp and process id).
+
+    A ``package.module:factory`` name keeps only letters, digits, '.', '-' and '_'.
+    """
     import os
+    import re
     import time
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return os.path.join("runs", f"{cfg.problem}-{cfg.optimizer}-{stamp}-{os.getpid()}.h5")
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", f"{cfg.problem}-{cfg.optimizer}")
+    return os.path.join("runs", f"{name}-{stamp}-{os.getpid()}.h5")
 
 
 def cmd_run(args, extra: list[str], argv: list[str]) -> int:
@@ -322,7 +327,7 @@ def cmd_run(args, extra: list[str], argv: list[str]) -> int:
         if not cfg.output and not args.no_output:  # results always reach a file by default
             path = comm.bcast(_default_output(cfg) if comm.rank == 0 else None, root=0)
             run_cfg = dataclasses.replace(cfg, output=path)
-        try:
+        try:  # also settings only the built problem can check (its depth)
             res = run(run_cfg, comm, resume=args.resume or None, resume_overrides=changed or None)
         except (ConfigError, ResultsError) as e:  # raised on every rank alike
             if comm.rank == 0:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from hpcpipe.run.config import CHOICES, GROUPS, REGISTRIES, RunConfig
+from hpcpipe.run.config import GROUPS, REGISTRIES, RunConfig, choices
 
 TYPE_NAMES = {"int": "integer", "float": "number", "str": "string"}
 
@@ -30,11 +30,9 @@ def _type_name(f: dataclasses.Field) -> str:
 def key_help(f: dataclasses.Field) -> str:
     """One key's help line: meaning, allowed values, type and default."""
     meaning = f.metadata.get("help", "")
-    choices = CHOICES.get(f.name)
-    allowed = f"; one of: {', '.join(map(str, choices))}" if choices else ""
-    if f.name in REGISTRIES:
-        names = [n for n in REGISTRIES[f.name].names() if ":" not in n]
-        allowed = f"; one of: {', '.join(names)}, or package.module:attribute"
+    options = choices(f.name)
+    own = ", or package.module:attribute" if f.name in REGISTRIES else ""
+    allowed = f"; one of: {', '.join(map(str, options))}{own}" if options else ""
     default = f.default if f.default != "" else '""'
     return f"{meaning}{allowed} ({_type_name(f)}, default {default})"
 

@@ -16,13 +16,13 @@ import numpy as np
 
 from hpcpipe.model import rng
 from hpcpipe.model.layers import backward_layers, forward_layers
-from hpcpipe.model.stages import VARIABLES, Batch, ModelSpec, Stage
+from hpcpipe.model.stages import VARIABLES, Batch, Model, Stage
 
 
 class Reference:
     """The whole model in one process."""
 
-    def __init__(self, spec: ModelSpec, batch: Batch, variable: str = "input", seed: int = 0):
+    def __init__(self, spec: Model, batch: Batch, variable: str = "input", seed: int = 0):
         if variable not in VARIABLES:
             raise ValueError(f"variable {variable!r}: choose one of {', '.join(VARIABLES)}")
         self.spec, self.batch, self.variable, self.seed = spec, batch, variable, seed

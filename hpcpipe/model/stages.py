@@ -54,8 +54,41 @@ def balanced_split(total: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+class Model:
+    """What a pipeline runs: Δ blocks of layers and a loss head, built block by block.
+
+    The surface the stages, the engine and the reference use. ``block(b)``
+    must build block b from its own random stream (``rng.init_generator(seed,
+    b)``) and nothing else, so that a rank builds only the blocks it owns and
+    the numbers do not depend on the partition; ``block_size(b)`` counts its
+    trainable parameters without building it. Subclass it for a model of
+    your own layers (docs/extending.md); ``ModelSpec`` is the built-in one.
+    """
+
+    depth: int
+    d_in: int
+    d_out: int
+    seed: int
+
+    def dims(self) -> list[int]:
+        """Feature sizes n_0..n_Δ between blocks (n_0 = d_in, n_Δ = d_out)."""
+        raise NotImplementedError
+
+    def block(self, b: int) -> list[Layer]:
+        """The layers of block b, built from ``rng.init_generator(self.seed, b)``."""
+        raise NotImplementedError
+
+    def block_size(self, b: int) -> int:
+        """Number of trainable parameters of block b (without building it)."""
+        raise NotImplementedError
+
+    def make_head(self) -> LossHead:
+        """The loss head ℓ(z, y) applied to the last block's output."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(Model):
     """What to build: the architecture, its sizes and its seed.
 
     kind ``mlp``: block b is Dense(n_b -> n_{b+1}) followed by ReLU, except
@@ -140,7 +173,7 @@ class Stage:
     layout.
     """
 
-    def __init__(self, spec: ModelSpec, lo: int, hi: int, index: int = 0, n_stages: int = 1):
+    def __init__(self, spec: Model, lo: int, hi: int, index: int = 0, n_stages: int = 1):
         self.spec, self.lo, self.hi = spec, lo, hi
         self.index, self.n_stages = index, n_stages
         self.layers: list[Layer] = []
@@ -200,7 +233,7 @@ class Stage:
         return out
 
 
-def stage_offsets(spec: ModelSpec, n_stages: int) -> list[int]:
+def stage_offsets(spec: Model, n_stages: int) -> list[int]:
     """Offsets of each stage's flat weights in the global weight vector (n_stages + 1)."""
     offs = [0]
     for lo, hi in partition(spec.depth, n_stages):
@@ -208,7 +241,7 @@ def stage_offsets(spec: ModelSpec, n_stages: int) -> list[int]:
     return offs
 
 
-def build_stages(spec: ModelSpec, n_stages: int) -> list[Stage]:
+def build_stages(spec: Model, n_stages: int) -> list[Stage]:
     """All stages of a model (the single-process reference builds them all)."""
     return [
         Stage(spec, lo, hi, s, n_stages)
@@ -248,6 +281,7 @@ def random_batch(spec: ModelSpec, m: int, seed: int = 0) -> Batch:
 
 __all__ = [
     "Batch",
+    "Model",
     "ModelSpec",
     "PartitionError",
     "Stage",

@@ -1,4 +1,4 @@
-"""GD, AGD and PPRS on local flat vectors, and the theory step/sample rules.
+"""GD, AGD and PPRS on local flat vectors, and the theory step/sample rules (theory_plan).
 
 Every rank holds its part of θ (empty on ranks that own none of it) and runs
 the same update on it; only norms need a reduction. One oracle call per
@@ -19,63 +19,97 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
-METHODS = ("gd", "agd", "pprs")
+from hpcpipe.errors import need
+from hpcpipe.optim.base import Optimizer, OptState, Projection, Settings
+
+
+class GD(Optimizer):
+    """Projected (sub)gradient descent: y_t = θ_t, θ_{t+1} = Π(θ_t − η g(y_t))."""
+
+    name: ClassVar[str] = "gd"
+    planned: ClassVar[bool] = True  # theory_plan knows its rule
+
+    def init(self, theta0: np.ndarray, project: Projection) -> OptState:
+        return {"theta": project(theta0.copy())}
+
+    def point(self, state: OptState, project: Projection) -> np.ndarray:
+        return state["theta"]
+
+    def update(
+        self, state: OptState, y: np.ndarray, grad: np.ndarray, project: Projection
+    ) -> OptState:
+        return {"theta": project(y - self.lr * grad)}
 
 
 @dataclass
-class Method:
-    """An optimizer's settings: the engine is built with ``samples`` and ``gamma``."""
+class AGD(Optimizer):
+    """Projected Nesterov acceleration over θ_t, θ_{t−1} and the iteration t >= 1.
 
-    name: str
-    lr: float
+    y_t = Π(θ_t + μ_t(θ_t − θ_{t−1})), θ_{t+1} = Π(y_t − η g(y_t)), with
+    μ_t = (t − 1)/(t + 2) (``momentum="nesterov"``) or a constant in [0, 1).
+    """
+
+    name: ClassVar[str] = "agd"
+    planned: ClassVar[bool] = True
+
     momentum: float | str = "nesterov"
-    gamma: float = 0.0
-    samples: int = 1
 
-    def __post_init__(self):
-        if self.name not in METHODS:
-            raise ValueError(f"optimizer {self.name!r}: choose one of {', '.join(METHODS)}")
-        if self.name != "pprs" and (self.gamma != 0.0 or self.samples != 1):
-            raise ValueError(f"{self.name} takes no smoothing: gamma must be 0 and samples 1")
+    @classmethod
+    def check(cls, cfg: Settings) -> None:
+        super().check(cfg)
+        if cfg.momentum != "nesterov":
+            try:
+                mu = float(cfg.momentum)
+            except ValueError:
+                mu = -1.0
+            need(0 <= mu < 1, "momentum", cfg.momentum, "'nesterov' or a number in [0, 1)")
+
+    @classmethod
+    def from_config(cls, cfg: Settings) -> AGD:
+        mom = cfg.momentum if cfg.momentum == "nesterov" else float(cfg.momentum)
+        if cls.smoothing:
+            return cls(cfg.lr, cfg.gamma, cfg.samples, mom)
+        return cls(cfg.lr, momentum=mom)
 
     def mu(self, t: int) -> float:
-        """Momentum at iteration t >= 1 (0 for GD)."""
-        if self.name == "gd":
-            return 0.0
+        """Momentum at iteration t >= 1."""
         if self.momentum == "nesterov":
             return (t - 1) / (t + 2)
         return float(self.momentum)
 
+    def init(self, theta0: np.ndarray, project: Projection) -> OptState:
+        theta = project(theta0.copy())
+        return {"theta": theta, "prev": theta.copy(), "t": 1}
 
-class State:
-    """θ_t and θ_{t−1} of this rank, with the update rules above."""
-
-    def __init__(self, method: Method, theta0: np.ndarray, project):
-        self.method, self.project = method, project
-        self.theta = project(theta0.copy())
-        self.prev = self.theta.copy()
-        self.t = 1
-
-    def point(self) -> np.ndarray:
-        mu = self.method.mu(self.t)
+    def point(self, state: OptState, project: Projection) -> np.ndarray:
+        mu, theta = self.mu(state["t"]), state["theta"]
         if mu == 0.0:
-            return self.theta
-        return self.project(self.theta + mu * (self.theta - self.prev))
+            return theta
+        return project(theta + mu * (theta - state["prev"]))
 
-    def update(self, y: np.ndarray, grad: np.ndarray) -> None:
-        self.prev = self.theta
-        self.theta = self.project(y - self.method.lr * grad)
-        self.t += 1
+    def update(
+        self, state: OptState, y: np.ndarray, grad: np.ndarray, project: Projection
+    ) -> OptState:
+        return {"theta": project(y - self.lr * grad), "prev": state["theta"], "t": state["t"] + 1}
+
+
+@dataclass
+class PPRS(AGD):
+    """AGD on the K-sample estimate of ∇f_γ (Colin et al. 2019, Alg. 1)."""
+
+    name: ClassVar[str] = "pprs"
+    smoothing: ClassVar[bool] = True
 
 
 @dataclass
 class Plan:
     """Parameters chosen from a bound, with the bound they guarantee."""
 
-    method: Method
+    method: Optimizer
     iterations: int
     guarantee: str
 
@@ -110,15 +144,13 @@ def theory_plan(
         if name == "agd":
             T = math.ceil(math.sqrt(2 * beta * R * R / eps))
             return Plan(
-                Method("agd", 1.0 / beta),
+                AGD(1.0 / beta),
                 T,
                 f"f-f* <= 2bR^2/(T+1)^2 = {2 * beta * R * R / (T + 1) ** 2:.3g}",
             )
         if name == "gd":
             T = math.ceil(beta * R * R / (2 * eps))
-            return Plan(
-                Method("gd", 1.0 / beta), T, f"f-f* <= bR^2/(2T) = {beta * R * R / (2 * T):.3g}"
-            )
+            return Plan(GD(1.0 / beta), T, f"f-f* <= bR^2/(2T) = {beta * R * R / (2 * T):.3g}")
         raise ValueError("theory mode on a smooth problem: choose gd or agd")
     if L is None:
         raise ValueError("theory mode needs a problem with a known Lipschitz constant L")
@@ -126,13 +158,11 @@ def theory_plan(
         T = math.ceil((R * L / eps) ** 2)
         eta = R / (L * math.sqrt(T))
         g = f"min f-f* <= RL/sqrt(T) = {R * L / math.sqrt(T):.3g}" if name == "gd" else "none"
-        return Plan(Method(name, eta, 0.0 if name == "gd" else "nesterov"), T, g)
+        return Plan(GD(eta) if name == "gd" else AGD(eta), T, g)
     if name == "pprs":
         T = math.ceil(8 * L * R * d**0.25 / eps)
         gamma = 2 * R * d**-0.25 / T
         K = max(1, math.ceil(64 * (L * R / eps) ** 2 / T))
         bound = 4 * L * R * d**0.25 / T + 4 * L * R / math.sqrt(K * T)
-        return Plan(
-            Method("pprs", gamma / (2 * L), "nesterov", gamma, K), T, f"E f-f* <= {bound:.3g}"
-        )
-    raise ValueError(f"optimizer {name!r}: choose one of {', '.join(METHODS)}")
+        return Plan(PPRS(gamma / (2 * L), gamma, K), T, f"E f-f* <= {bound:.3g}")
+    raise ValueError(f"optimizer {name!r} has no theory rule: choose gd, agd or pprs")

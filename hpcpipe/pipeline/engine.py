@@ -29,7 +29,7 @@ from hpcpipe.model.layers import backward_layers, forward_layers
 from hpcpipe.model.stages import (
     VARIABLES,
     Batch,
-    ModelSpec,
+    Model,
     Stage,
     microbatch_bounds,
     partition,
@@ -72,7 +72,7 @@ class Engine:
     def __init__(
         self,
         comm,
-        spec: ModelSpec,
+        spec: Model,
         batch: Batch,
         variable: str = "input",
         schedule: str | schedules.Schedule = "gpipe",
@@ -116,6 +116,11 @@ class Engine:
         self.layer_time = float(layer_time) * (hi - lo)
         self.spin = spin
         self.waiter = Waiter(wait, self.size, timeout=timeout)
+        if costs is not None and len(costs.t_forward) != spec.depth:
+            raise ValueError(
+                f"the cost model covers {len(costs.t_forward)} blocks, the model has "
+                f"{spec.depth}: build it with CostModel.uniform(model.depth, ...)"
+            )
         if clock == "model":
             self.clock = ModelClock.for_stage(costs or CostModel.uniform(spec.depth, 0.0), lo, hi)
         elif clock == "none":
@@ -159,9 +164,17 @@ class Engine:
         return self.stage.flat.copy()
 
     def close(self) -> None:
+        """Free the persistent requests (idempotent); the engine cannot be used afterwards."""
         for ch in (self.recv_f, self.send_b, self.send_f, self.recv_b):
             if ch:
                 ch.free()
+        self._recvs, self._sends = [], []
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ------------------------------------------------------------------
     def _emulate(self) -> None:

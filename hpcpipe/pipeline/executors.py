@@ -19,8 +19,28 @@ layer_time, stages)``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
 
 from hpcpipe.registry import Registry
+
+
+class Executor(Protocol):
+    """The oracle the run loop calls; ``with`` closes it on every path."""
+
+    schedule: Any
+    size: int
+
+    def evaluate(self, point: np.ndarray, gamma: float = 0.0, call: int = 0) -> Any: ...
+
+    def initial_point(self) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Executor: ...
+
+    def __exit__(self, *exc) -> None: ...
 
 
 def mpi_engine(comm, spec, batch, *, stages: int = 0, **kw):
@@ -47,4 +67,4 @@ EXECUTORS: Registry[Callable] = Registry("executor")
 EXECUTORS.register("mpi", mpi_engine)
 EXECUTORS.register("simulated", simulated_pipeline)
 
-__all__ = ["EXECUTORS", "mpi_engine", "simulated_pipeline"]
+__all__ = ["EXECUTORS", "Executor", "mpi_engine", "simulated_pipeline"]

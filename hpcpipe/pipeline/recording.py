@@ -126,3 +126,10 @@ class SimulatedRecorder(Recorder):
     def restore(self, stage: np.ndarray, rank: int) -> None:
         self.busy, self.wait, self.idle = (stage[:, j].copy() for j in range(3))
         self.actions = stage[:, 3].astype(np.int64)
+
+
+def recorder_for(executor, limit: int, every: int, keep: bool = True) -> Recorder:
+    """The recorder of an executor: per-rank events, or the simulated pipeline's timeline
+    (an executor with a ``timing``: all stages in one process)."""
+    cls = SimulatedRecorder if hasattr(executor, "timing") else Recorder
+    return cls(executor, limit, every, keep)

@@ -20,16 +20,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from hpcpipe.optim.methods import METHODS
+from hpcpipe.errors import ConfigError
+from hpcpipe.errors import need as _need
+from hpcpipe.optim import OPTIMIZERS
 from hpcpipe.pipeline.executors import EXECUTORS
 from hpcpipe.pipeline.schedules import SCHEDULES
 from hpcpipe.pipeline.transport import WAIT_POLICIES
-from hpcpipe.problems.builtin import PROBLEMS
-
-
-class ConfigError(ValueError):
-    """A configuration that makes no sense; the message names the field and the fix."""
-
+from hpcpipe.problems import PROBLEMS
 
 PROBLEM, OPTIMIZER, STOPPING, PIPELINE, OUTPUT, TESTING = (
     "problem",
@@ -123,16 +120,26 @@ class RunConfig:
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 # keys whose value names a registry entry (or a user's package.module:attribute)
-REGISTRIES = {"schedule": SCHEDULES}
-CHOICES = {
+REGISTRIES = {
     "problem": PROBLEMS,
-    "optimizer": METHODS,
+    "optimizer": OPTIMIZERS,
+    "executor": EXECUTORS,
+    "schedule": SCHEDULES,
+}
+CHOICES = {
     "mode": ("practical", "theory"),
     "clock": ("model", "wall"),
-    "executor": EXECUTORS,
     "wait": WAIT_POLICIES,
     "progress": ("auto", "bar", "lines", "off"),
 }
+
+
+def choices(name: str) -> tuple[str, ...] | None:
+    """The values a key allows: a registry's own names (it also takes any
+    ``package.module:attribute``) or a fixed list; None for a free value."""
+    if name in REGISTRIES:
+        return tuple(n for n in REGISTRIES[name].names() if ":" not in n)
+    return CHOICES.get(name)
 
 
 def _coerce(name: str, value):
@@ -196,11 +203,6 @@ def load(path: str | None, overrides: list[str] | None = None) -> RunConfig:
     return make_config(values)
 
 
-def _need(cond: bool, field: str, value, allowed: str) -> None:
-    if not cond:
-        raise ConfigError(f"{field} = {value!r} is not allowed: {allowed}")
-
-
 def check_output(cfg: RunConfig) -> None:
     """The output path must not hold a result already, and its folder must be writable."""
     if not cfg.output:
@@ -228,9 +230,15 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
         v = getattr(cfg, name)
         _need(v in options, name, v, f"choose one of {', '.join(options)}")
     for name, registry in REGISTRIES.items():
-        bad = registry.check(getattr(cfg, name))
-        if bad:
-            raise ConfigError(f"{name} = {getattr(cfg, name)!r} is not allowed: {bad}")
+        v = getattr(cfg, name)
+        err = registry.check(v)
+        if err and ":" not in str(v):
+            close = difflib.get_close_matches(str(v), choices(name), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            names = ", ".join(choices(name))
+            err = f"choose one of {names}, or package.module:attribute{hint}"
+        _need(err is None, name, v, err or "")
+    problem, optimizer = PROBLEMS.get(cfg.problem), OPTIMIZERS.get(cfg.optimizer)
     for name in ("depth", "samples", "iterations", "m"):
         _need(getattr(cfg, name) >= 1, name, getattr(cfg, name), "must be >= 1")
     _need(cfg.dim >= 1, "dim", cfg.dim, "must be >= 1")
@@ -273,39 +281,21 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
     _need(cfg.flush_every >= 1, "flush_every", cfg.flush_every, "must be >= 1")
     _need(cfg.timeline_limit >= 0, "timeline_limit", cfg.timeline_limit, "must be >= 0")
     _need(cfg.timeline_every >= 1, "timeline_every", cfg.timeline_every, "must be >= 1")
-    if cfg.momentum != "nesterov":
-        try:
-            mu = float(cfg.momentum)
-        except ValueError:
-            mu = -1.0
-        _need(0 <= mu < 1, "momentum", cfg.momentum, "'nesterov' or a number in [0, 1)")
-    if cfg.optimizer != "pprs":
-        _need(
-            cfg.samples == 1,
-            "samples",
-            cfg.samples,
-            f"{cfg.optimizer} uses one sample; use optimizer = 'pprs' for K > 1",
-        )
-        _need(
-            cfg.gamma == 0,
-            "gamma",
-            cfg.gamma,
-            f"{cfg.optimizer} does no smoothing; use optimizer = 'pprs'",
-        )
-    if cfg.problem in ("l1-chain", "max-chain", "quad-chain"):
-        _need(cfg.m == 1, "m", cfg.m, f"{cfg.problem} has one example (m = 1)")
-    if cfg.problem == "fewshot":
-        _need(cfg.m <= 20, "m", cfg.m, "fewshot trains on at most 20 examples")
-    if cfg.problem == "attack":
-        _need(cfg.m <= 10, "m", cfg.m, "the attack uses between 1 and 10 images")
-        _need(cfg.radius > 0, "radius", cfg.radius, "the attack needs a radius > 0")
+    optimizer.check(cfg)
+    problem.check(cfg)
     if cfg.mode == "theory":
         _need(cfg.epsilon > 0, "epsilon", cfg.epsilon, "theory mode needs a target epsilon > 0")
         _need(
-            cfg.problem in ("l1-chain", "max-chain", "quad-chain"),
+            problem.theory,
             "problem",
             cfg.problem,
             "theory mode needs a problem with known L or beta and R (the chains)",
+        )
+        _need(
+            optimizer.planned,
+            "optimizer",
+            cfg.optimizer,
+            "theory mode has step rules for gd, agd and pprs only",
         )
     _check_executor(cfg, n_ranks)
     if n_ranks is not None and cfg.executor == "mpi":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from hpcpipe.problems.builtin import attack
+from hpcpipe.problems.digits import attack
 from hpcpipe.run.config import make_config
 from hpcpipe.run.runner import run
 from hpcpipe.run.table import table
@@ -50,22 +50,22 @@ def demo(comm, budget: float = 0.0) -> int:
     for name, over in METHODS:
         cfg = make_config({**BASE, **over, "time_budget": budget})
         res = run(cfg, comm, label=name, problem=prob)
-        last = res.table[-1]
+        last = res.last
         rows.append(
             [
                 name,
                 res.method.samples,
                 res.method.lr,
-                float(last[3]),
+                last.best_f,
                 res.info.get("attack_success", float("nan")),
                 len(res.table),
-                float(last[7]),
-                float(last[8]),
+                last.pipeline_time,
+                last.wall_time,
                 res.status,
             ]
         )
         if comm.rank == 0:
-            print(f"  {name}: done in {last[8]:.2f} s", flush=True)
+            print(f"  {name}: done in {last.wall_time:.2f} s", flush=True)
     if comm.rank == 0:
         print(
             table(

@@ -3,17 +3,20 @@
 Written by rank 0 only, in SWMR mode (single writer, multiple readers), and
 flushed every few iterations, so a job killed at any point (SIGKILL
 included) leaves a file that opens with its flushed iterations and the
-status ``incomplete``. Schema (version 1; see docs/results.md):
+status ``incomplete``. Schema (version 2; see docs/results.md; version 1
+files, whose optimizer state was only theta/prev, are read and resumed too):
 
     /                      attrs: schema_version, status, config (JSON), config.<key>,
                            method (JSON), problem (JSON), versions, command, n_ranks,
                            hosts (JSON), start_time, end_time, clock
-    /iterations/<column>   float64 (N,), one dataset per column of runner.COLUMNS
+    /iterations/<column>   float64 (N,), one dataset per column of runner.Row
     /timeline/<field>      (E,) per recorded action: iteration, rank, stage, kind
                            (0 = F, 1 = B), item (int64); wait, start, end (float64,
                            seconds on the run's clock; wait..start is the receive wait)
     /stages/<field>        (S,) per stage over the recorded iterations: busy, wait,
                            idle (float64 seconds), actions (int64)
+    /state/...             what --resume needs: the optimizer's named arrays and
+                           scalars, the loop's scalars, per-stage totals
 
 Plain numbers and strings only (no pickles): h5dump, h5py and pandas read it.
 """
@@ -35,7 +38,7 @@ import numpy as np
 
 from hpcpipe.run import superblock
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STATUSES = ("complete", "incomplete", "diverged", "failed")
 TIMELINE_INT = ("iteration", "rank", "stage", "kind", "item")
 TIMELINE_FLOAT = ("wait", "start", "end")
@@ -133,7 +136,15 @@ def check_unlocked(path: str | Path) -> None:
 
 
 class Writer:
-    """Rank 0's writer of one result file (holding its lock until closed)."""
+    """Rank 0's writer of one result file (holding its lock until closed).
+
+    ``with`` closes the file on every path.
+
+    ``state_layout`` = (array names, scalar names) of the optimizer's state,
+    saved by ``save_state`` at every flush. Leaving a ``with`` block without
+    ``close(status)`` (an exception) closes the file as it stands: status
+    ``incomplete``, resumable from its last flush.
+    """
 
     def __init__(
         self,
@@ -143,6 +154,7 @@ class Writer:
         n_stages: int,
         overwrite: bool = False,
         state_size: int = 0,
+        state_layout: tuple[tuple[str, ...], tuple[str, ...]] = (("theta",), ()),
     ):
         self.path = Path(path)
         if self.path.exists() and not overwrite:
@@ -176,12 +188,17 @@ class Writer:
             st.create_dataset(c, data=np.zeros(n_stages, dtype="i8" if c == "actions" else "f8"))
         rs = self.f.create_group("state")
         rs.attrs["about"] = (
-            "optimizer state at the last flush, for --resume: theta_t, "
-            "theta_{t-1}, scalars = [next iteration, best f, pipeline time, "
-            "first loss], per-stage totals [busy, wait, idle, actions]"
+            "state at the last flush, for --resume: optimizer/<name> (the optimizer's "
+            "arrays, full vectors), optimizer_scalars (its scalars, names in the "
+            "attribute 'names'), scalars = [next iteration, best f, pipeline time, "
+            "first loss], stage = per-stage totals [busy, wait, idle, actions]"
         )
-        rs.create_dataset("theta", data=np.zeros(state_size))
-        rs.create_dataset("prev", data=np.zeros(state_size))
+        arrays, names = state_layout
+        opt = rs.create_group("optimizer")
+        for name in arrays:
+            opt.create_dataset(name, data=np.zeros(state_size))
+        sc = rs.create_dataset("optimizer_scalars", data=np.zeros(len(names)))
+        sc.attrs["names"] = json.dumps(list(names))
         rs.create_dataset("scalars", data=np.array([1.0, np.inf, 0.0, np.nan]))
         rs.create_dataset("stage", data=np.zeros((n_stages, 4)))
         self.f.swmr_mode = True
@@ -195,13 +212,16 @@ class Writer:
         columns: tuple[str, ...],
         log=None,
         overrides: dict | None = None,
+        state_layout: tuple[tuple[str, ...], tuple[str, ...]] = (("theta",), ()),
     ) -> Writer:
         """Continue an incomplete file: drop rows/events after ``last_iteration``.
 
         A file whose writer died (kill -9, a failed rank) still has its HDF5 status
         flags set; with its lock free, they are cleared here (as ``h5clear -s`` does),
         and ``log`` is told so. ``overrides`` (settings changed on this resume) are
-        appended to the ``resume_overrides`` attribute.
+        appended to the ``resume_overrides`` attribute. A schema-1 file's state
+        (theta, prev) is moved to the schema-2 layout of ``state_layout`` first, so
+        the continued file is a schema-2 file.
         """
         self = cls.__new__(cls)
         self.path, self.columns = Path(path), columns
@@ -217,6 +237,8 @@ class Writer:
         except (OSError, superblock.SuperblockError) as e:
             os.close(self._fd)
             raise ResultsError(f"{self.path}: cannot be reopened to resume ({e})") from None
+        if "optimizer" not in self.f["state"]:
+            self._upgrade_state(state_layout)
         self.f.attrs["status"] = "incomplete"
         self.f.attrs["resumed"] = int(self.f.attrs.get("resumed", 0)) + 1
         if overrides:
@@ -235,12 +257,40 @@ class Writer:
         self.f.flush()
         return self
 
-    def save_state(self, theta, prev, scalars, stage) -> None:
+    def _upgrade_state(self, state_layout) -> None:
         st = self.f["state"]
-        st["theta"][...] = theta
-        st["prev"][...] = prev
+        arrays, names = state_layout
+        opt = st.create_group("optimizer")
+        for name in arrays:
+            opt.create_dataset(
+                name, data=st[name][()] if name in st else np.zeros_like(st["theta"])
+            )
+        for name in ("theta", "prev"):
+            if name in st:
+                del st[name]
+        sc = st.create_dataset("optimizer_scalars", data=np.zeros(len(names)))
+        sc.attrs["names"] = json.dumps(list(names))
+        self.f.attrs["schema_version"] = SCHEMA_VERSION
+
+    def save_state(self, arrays: dict, opt_scalars: list[float], scalars, stage) -> None:
+        """The optimizer's arrays (full vectors) and scalars, the loop's scalars, the stages."""
+        st = self.f["state"]
+        for name, v in arrays.items():
+            st["optimizer"][name][...] = v
+        st["optimizer_scalars"][...] = np.asarray(opt_scalars, dtype=float)
         st["scalars"][...] = np.asarray(scalars, dtype=float)
         st["stage"][...] = stage
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.f.id.valid:  # not closed by close(status): leave it incomplete, resumable
+            try:
+                self.f.flush()
+                self.f.close()
+            finally:
+                os.close(self._fd)
 
     def _append(self, group: str, data: dict) -> None:
         g = self.f[group]
@@ -476,8 +526,18 @@ def load(path: str | Path) -> Result:
     return Result(path, attrs, cfg, its, tl, st, info)
 
 
-def read_state(path: str | Path):
-    """(theta, prev, scalars, stage) of an incomplete result, for --resume, checked.
+@dataclass
+class SavedState:
+    """The resumable state of an incomplete result (full vectors, on rank 0)."""
+
+    arrays: dict[str, np.ndarray]  # the optimizer's arrays
+    opt_scalars: dict[str, float]  # the optimizer's scalars
+    scalars: np.ndarray  # next iteration, best f, pipeline time, first loss
+    stage: np.ndarray  # (S, 4) busy, wait, idle, actions
+
+
+def read_state(path: str | Path) -> SavedState:
+    """The state of an incomplete result, for --resume, checked (schema 1: theta, prev, t).
 
     The state must be finite, its next iteration t a whole number with
     1 <= t <= planned iterations + 1, and the flushed rows must reach t − 1.
@@ -488,20 +548,32 @@ def read_state(path: str | Path):
     try:
         with _open(Path(path)) as f:
             g = f["state"]
-            theta, prev = g["theta"][()], g["prev"][()]
             scalars, stage = g["scalars"][()], g["stage"][()]
-    except (OSError, KeyError, ValueError, RuntimeError, TypeError) as e:
+            if "optimizer" in g:
+                arrays = {k: g["optimizer"][k][()] for k in g["optimizer"]}
+                names = json.loads(_text(g["optimizer_scalars"].attrs["names"]))
+                opt = dict(zip(names, g["optimizer_scalars"][()].tolist()))
+            else:  # schema 1: θ_t, θ_{t−1}; the iteration t is the next one
+                arrays = {"theta": g["theta"][()], "prev": g["prev"][()]}
+                opt = {"t": float(scalars[0])}
+    except (OSError, KeyError, ValueError, RuntimeError, TypeError, json.JSONDecodeError) as e:
         raise ResultsError(f"{path}: has no resumable state ({e})") from None
 
     def bad(why: str) -> ResultsError:
         return ResultsError(f"{path}: damaged resume state: {why}")
 
-    if theta.ndim != 1 or prev.shape != theta.shape or scalars.shape != (4,):
-        raise bad("theta, prev and scalars have the wrong shapes")
+    shapes = {v.shape for v in arrays.values()}
+    if "theta" not in arrays or len(shapes) != 1 or arrays["theta"].ndim != 1:
+        raise bad("the optimizer's arrays (theta first) are missing or have different shapes")
+    if scalars.shape != (4,):
+        raise bad("scalars have the wrong shape")
     if stage.ndim != 2 or stage.shape[1] != 4:
         raise bad("the per-stage totals have the wrong shape")
-    if not (np.all(np.isfinite(theta)) and np.all(np.isfinite(prev))):
-        raise bad("theta holds NaN or infinite values")
+    for name, v in arrays.items():
+        if not np.all(np.isfinite(v)):
+            raise bad(f"{name} holds NaN or infinite values")
+    if not all(math.isfinite(v) for v in opt.values()):
+        raise bad("an optimizer scalar is NaN or infinite")
     t = float(scalars[0])
     planned = _json_dict(r.attrs, "method", Path(path)).get("iterations")
     top = int(planned) + 1 if isinstance(planned, int) else math.inf
@@ -511,7 +583,7 @@ def read_state(path: str | Path):
         raise bad(f"next iteration {t!r} is not a whole number in 1..{top}")
     if last < t - 1:
         raise bad(f"next iteration {int(t)} but the flushed rows end at iteration {last}")
-    return theta, prev, scalars, stage
+    return SavedState(arrays, opt, scalars, stage)
 
 
 def load_dir(directory: str | Path, warn=None) -> list[Result]:

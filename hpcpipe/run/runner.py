@@ -1,48 +1,61 @@
-"""Drive an optimizer over the engine: one run, its per-iteration table, its status.
+"""Drive an optimizer over an executor: one run, its per-iteration rows, its status.
 
 All ranks execute the same loop in lockstep; every decision (stop, diverge)
-is taken on values that are identical on all ranks (the losses the engine
+is taken on values that are identical on all ranks (the losses the executor
 broadcasts and one Allreduce per iteration), so no rank is left waiting.
+The parts: ``make_problem`` / ``make_method`` (from the registries),
+``Run.__init__`` (setup), ``Run.iteration``, the stop rules ``diverged`` and
+``Run.over_budget``, resume (``hpcpipe.run.checkpoint``), and the output
+(``Run.open_output``, ``Run.flush``, ``Run.finish``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import signal
 import socket
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 
 from hpcpipe.model.stages import clear_block_cache, stage_offsets
-from hpcpipe.optim.methods import Method, State, theory_plan
+from hpcpipe.optim import OPTIMIZERS, Optimizer, OptState
+from hpcpipe.optim.methods import theory_plan
 from hpcpipe.pipeline.clocks import CostModel
-from hpcpipe.pipeline.executors import EXECUTORS
-from hpcpipe.pipeline.recording import Recorder, SimulatedRecorder
-from hpcpipe.problems.builtin import Problem, attack, fewshot, l1_chain, max_chain, quad_chain
+from hpcpipe.pipeline.executors import EXECUTORS, Executor
+from hpcpipe.pipeline.recording import Recorder, recorder_for
+from hpcpipe.problems import PROBLEMS, Problem
+from hpcpipe.run import checkpoint
 from hpcpipe.run.config import ConfigError, RunConfig, check_output, validate
+from hpcpipe.run.progress import Progress, StopFlag
 
-COLUMNS = (
-    "iteration",
-    "loss",
-    "f",
-    "best_f",
-    "gap",
-    "grad_norm",
-    "step",
-    "pipeline_time",
-    "wall_time",
-)
+
+class Row(NamedTuple):
+    """One iteration's record (a row of the result's /iterations table)."""
+
+    iteration: int
+    loss: float  # mean oracle loss at the evaluation point y_t
+    f: float  # exact f(θ_t) (NaN between evaluations)
+    best_f: float
+    gap: float  # f − f* where f* is known
+    grad_norm: float
+    step: float
+    pipeline_time: float  # cumulative, on the executor's clock
+    wall_time: float
+
+
+COLUMNS = Row._fields
 
 
 @dataclass
 class RunResult:
     config: RunConfig
-    method: Method
+    method: Optimizer
     status: str  # complete | diverged | incomplete (stopped by a signal)
     table: np.ndarray  # rows of COLUMNS
     theta: np.ndarray  # this rank's part of the final iterate
@@ -51,62 +64,270 @@ class RunResult:
     def column(self, name: str) -> np.ndarray:
         return self.table[:, COLUMNS.index(name)]
 
+    @property
+    def last(self) -> Row | None:
+        """The last row, with its named fields (None for a run without rows)."""
+        if not len(self.table):
+            return None
+        row = self.table[-1]
+        return Row(int(row[0]), *(float(x) for x in row[1:]))
+
 
 def make_problem(cfg: RunConfig, comm) -> Problem:
-    if cfg.problem == "l1-chain":
-        return l1_chain(cfg.depth, cfg.dim, cfg.seed)
-    if cfg.problem == "max-chain":
-        return max_chain(cfg.depth, cfg.dim, cfg.seed)
-    if cfg.problem == "quad-chain":
-        return quad_chain(cfg.depth, cfg.dim, cfg.seed)
-    if cfg.problem == "attack":
-        return attack(comm, cfg.depth, cfg.width, cfg.m, cfg.seed, cfg.radius)
-    return fewshot(cfg.depth, cfg.width, cfg.m, cfg.seed)
+    """The registered problem built from the settings; its model must have cfg.depth blocks."""
+    prob = PROBLEMS.get(cfg.problem).build(cfg, comm)
+    check_depth(cfg, prob)
+    return prob
 
 
-def make_method(cfg: RunConfig, prob: Problem) -> tuple[Method, int]:
+def check_depth(cfg: RunConfig, prob: Problem) -> None:
+    """The model clock charges every block of the problem's model: depth must say how many."""
+    if prob.depth != cfg.depth:
+        raise ConfigError(
+            f"depth = {cfg.depth} is not allowed: problem {cfg.problem!r} builds a model of "
+            f"{prob.depth} blocks; set depth = {prob.depth}"
+        )
+
+
+def make_method(cfg: RunConfig, prob: Problem) -> tuple[Optimizer, int]:
+    """The optimizer and the number of iterations T (planned from ε in theory mode)."""
     if cfg.mode == "theory":
         plan = theory_plan(cfg.optimizer, cfg.epsilon, prob.L, prob.R, prob.dim, prob.beta)
         return plan.method, plan.iterations
-    mom = cfg.momentum if cfg.momentum == "nesterov" else float(cfg.momentum)
-    if cfg.optimizer == "gd":
-        return Method("gd", cfg.lr), cfg.iterations
-    return Method(cfg.optimizer, cfg.lr, mom, cfg.gamma, cfg.samples), cfg.iterations
+    return OPTIMIZERS.get(cfg.optimizer).from_config(cfg), cfg.iterations
 
 
-class Progress:
-    """Rank-0 progress: a bar on a terminal, periodic plain lines in a batch log."""
+def diverged(loss: float, gnorm: float, first: float, factor: float) -> bool:
+    """Stop rule: a non-finite loss or gradient, or a loss grown by factor·max(|f₀|, 1)."""
+    return (
+        not math.isfinite(loss)
+        or not math.isfinite(gnorm)
+        or loss - first > factor * max(abs(first), 1.0)
+    )
 
-    def __init__(self, mode: str, total: int, label: str, enabled: bool):
-        if mode == "auto":
-            mode = "bar" if sys.stderr.isatty() else "lines"
-        self.mode = mode if enabled else "off"
-        self.total, self.label = total, label
-        self.t0 = self.last = time.perf_counter()
 
-    def update(self, it: int, loss: float, mtime: float, force: bool = False) -> None:
-        if self.mode == "off":
-            return
-        now = time.perf_counter()
-        if self.mode == "bar":
-            if force or now - self.last > 0.2:
-                frac = it / self.total
-                bar = "#" * int(30 * frac)
-                sys.stderr.write(
-                    f"\r{self.label} [{bar:<30}] {it}/{self.total} "
-                    f"loss {loss:.4g} pipeline time {mtime:.4g}"
-                )
-                sys.stderr.flush()
-                self.last = now
-            if force:
-                sys.stderr.write("\n")
-        elif force or now - self.last > 10.0:
-            sys.stderr.write(
-                f"{self.label}: iteration {it}/{self.total} loss {loss:.6g} "
-                f"pipeline time {mtime:.6g} wall {now - self.t0:.1f}s\n"
+class Run:
+    """One run on one rank: its problem, optimizer, executors, state and output.
+
+    Resources (executors, the writer, the signal handlers) are entered on
+    ``stack`` and freed when it closes, on every path.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        comm,
+        prob: Problem,
+        opt: Optimizer,
+        T: int,
+        stack: ExitStack,
+        label: str | None = None,
+        on_iteration=None,
+    ):
+        self.cfg, self.comm, self.prob, self.opt, self.T = cfg, comm, prob, opt, T
+        self.on_iteration = on_iteration
+        self.stack = stack
+        costs = CostModel.uniform(prob.depth, cfg.t_forward, cfg.t_backward, cfg.alpha, cfg.beta)
+        make = EXECUTORS.get(cfg.executor)
+        common = dict(
+            variable=prob.variable,
+            weights=prob.weights,
+            schedule=cfg.schedule,
+            seed=cfg.seed,
+            clock=cfg.clock,
+            costs=costs,
+            wait=cfg.wait,
+            timeout=cfg.timeout,
+            stages=cfg.stages,
+        )
+        self.eng: Executor = stack.enter_context(
+            make(
+                comm,
+                prob.spec,
+                prob.batch,
+                samples=opt.samples,
+                microbatches=cfg.n_micro,
+                layer_time=cfg.layer_time,
+                **common,
             )
-            sys.stderr.flush()
-            self.last = now
+        )
+        self.ev: Executor | None = None
+        if cfg.eval_every:
+            self.ev = stack.enter_context(
+                make(comm, prob.spec, prob.batch, samples=1, microbatches=prob.batch.m, **common)
+            )
+        clear_block_cache()  # both executors hold their layers now
+        self.project = prob.project if comm.rank == 0 else (lambda v: v)
+        self.state: OptState = opt.init(self.eng.initial_point(), self.project)
+        self.offsets = _offsets(prob, comm)
+        self.recorder: Recorder = recorder_for(
+            self.eng, cfg.timeline_limit, cfg.timeline_every, bool(cfg.output)
+        )
+        self.tally = checkpoint.Tally()
+        self.rows: list[Row] = []
+        self.flushed = 0
+        self.writer = None
+        self.extra: dict = {}
+        self.red = np.zeros(3)
+        self.f_star = prob.f_star if prob.f_star is not None else math.nan
+        self.inject = _injection(cfg.inject_failure)
+        self.stop = stack.enter_context(StopFlag())
+        self.progress = Progress(cfg.progress, T, label or cfg.optimizer, comm.rank == 0)
+        self.wall0 = time.perf_counter()
+
+    # ------------------------------------------------------------ resume and output
+    def restore(self, path: str) -> None:
+        self.state = checkpoint.restore(
+            path, self.comm, self.state, self.tally, self.recorder, self.offsets
+        )
+
+    def open_output(self, resume: str | None, overrides: dict | None = None) -> None:
+        """Open the result file (rank 0; gathers host names on every rank); a failure to
+        open it is raised on every rank. ``overrides``: settings changed on a resume."""
+        if not self.cfg.output:
+            return
+        if resume is not None:
+            layout = checkpoint.layout(self.state)
+            last = self.tally.next - 1
+            self.writer = _collective(
+                self.comm, lambda: _reopen_writer(resume, self.comm, last, overrides, layout)
+            )
+        else:
+            self.writer = _collective(
+                self.comm,
+                lambda: _open_writer(self.cfg, self.comm, self.prob, self.opt, self.T, self),
+            )
+        if self.writer is not None:
+            self.stack.enter_context(self.writer)
+
+    def flush(self) -> None:
+        """Append new rows and gathered events, save the state, flush (collective)."""
+        ev = self.recorder.gather(self.comm)
+        checkpoint.save(self.writer, self.comm, self.state, self.tally, self.recorder, self.offsets)
+        if self.writer is not None:
+            if len(self.rows) > self.flushed:
+                self.writer.append_iterations(np.array(self.rows[self.flushed :], dtype=float))
+            self.writer.append_timeline(ev)
+            self.writer.flush()
+        self.flushed = len(self.rows)
+
+    # ------------------------------------------------------------ evaluation
+    def penalised(self, value: float, point: np.ndarray) -> float:
+        """value + r(θ) summed over ranks (one Allreduce; r = 0 without a regulariser)."""
+        reg = self.prob.regulariser
+        self.red[0] = reg.value(point) if reg is not None else 0.0
+        self.comm.Allreduce(MPI.IN_PLACE, [self.red[:1], MPI.DOUBLE], op=MPI.SUM)
+        return value + self.red[0]
+
+    def exact_f(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
+        """f(θ) without smoothing, and the per-item losses (for the problem's metrics)."""
+        res = self.ev.evaluate(theta)
+        return self.penalised(res.loss, theta), res.item_losses
+
+    def initial_gap(self) -> None:
+        """f(θ₀) − f*: a study whose ε is above it measures nothing (θ₀ already reaches ε)."""
+        if self.ev is not None and self.prob.f_star is not None:
+            f0 = self.exact_f(self.eng.initial_point())[0]
+            self.extra["initial_gap"] = float(f0 - self.prob.f_star)
+
+    # ------------------------------------------------------------ the loop
+    def iteration(self, it: int) -> str:
+        """One oracle call and update; appends its row, returns the status after it."""
+        cfg, prob, opt, tally, red = self.cfg, self.prob, self.opt, self.tally, self.red
+        self._maybe_fail(it)
+        y = opt.point(self.state, self.project)
+        res = self.eng.evaluate(y, opt.gamma, call=it)
+        reg = prob.regulariser
+        grad = res.grad + reg.grad(y) if reg is not None else res.grad
+        self.recorder.record(it, res.time)
+        red[0] = reg.value(y) if reg is not None else 0.0
+        red[1] = float(grad @ grad)
+        red[2] = 1.0 if self.stop.raised else 0.0
+        self.comm.Allreduce(MPI.IN_PLACE, [red, MPI.DOUBLE], op=MPI.SUM)
+        loss, gnorm = res.loss + red[0], math.sqrt(red[1])
+        tally.mtime += res.time
+        if math.isnan(tally.first):
+            tally.first = loss
+        if diverged(loss, gnorm, tally.first, cfg.diverge_factor):
+            wall = time.perf_counter() - self.wall0
+            nan = math.nan
+            self.rows.append(Row(it, loss, nan, tally.best, nan, gnorm, opt.lr, tally.mtime, wall))
+            return "diverged"
+        self.state = opt.update(self.state, y, grad, self.project)
+        tally.next = it + 1
+        status, f = "complete", math.nan
+        if self.ev is not None and (it % cfg.eval_every == 0 or it == self.T):
+            f, items = self.exact_f(self.state["theta"])
+            if not math.isfinite(f):
+                status = "diverged"
+            tally.best = min(tally.best, f)
+            self.extra.update(prob.metrics(items))
+        wall = time.perf_counter() - self.wall0
+        row = Row(it, loss, f, tally.best, f - self.f_star, gnorm, opt.lr, tally.mtime, wall)
+        self.rows.append(row)
+        if red[2] > 0:
+            status = "incomplete"
+        self.report(it, status)
+        return status
+
+    def report(self, it: int, status: str) -> None:
+        """A finished iteration: the caller's hook, the progress line, the periodic flush."""
+        if self.on_iteration is not None:
+            self.on_iteration(self.rows[-1])
+        self.progress.update(it, self.rows[-1].loss, self.tally.mtime)
+        if self.cfg.output and (it % self.cfg.flush_every == 0 or status != "complete"):
+            self.flush()
+
+    def over_budget(self) -> bool:
+        """Stop rule: the pipeline time has reached ``time_budget`` (0: no budget)."""
+        return bool(self.cfg.time_budget) and self.tally.mtime >= self.cfg.time_budget
+
+    def loop(self) -> str:
+        """Iterations from the next one to T, until a stop rule or a signal; the status."""
+        status = "complete"
+        for it in range(self.tally.next, self.T + 1):
+            status = self.iteration(it)
+            if status != "complete" or self.over_budget():
+                break
+        return status
+
+    def finish(self, status: str) -> RunResult:
+        """Final figures and status into the file; the RunResult of this rank."""
+        cfg, comm, tally = self.cfg, self.comm, self.tally
+        last_loss = self.rows[-1].loss if self.rows else math.nan
+        self.progress.update(len(self.rows), last_loss, tally.mtime, force=True)
+        self.extra.update(self.prob.info)
+        self.extra["iterations_planned"] = self.T
+        if cfg.output:
+            self.flush()
+            summary = self.recorder.stage_summary(comm)
+            if self.writer is not None:
+                self.writer.set_stages(
+                    summary[:, 0], summary[:, 1], summary[:, 2], summary[:, 3].astype(np.int64)
+                )
+                # oracle calls, resumed ones too
+                done = self.rows[-1].iteration if self.rows else tally.next - 1
+                figures = derived_figures(
+                    cfg, self.eng, summary, tally.mtime, done, self.prob.depth
+                )
+                info = {"info": json.dumps(self.extra), "figures": json.dumps(figures)}
+                self.writer.close(status, info)
+                self.extra["figures"] = figures
+            # no rank leaves before the file is closed: mpiexec ends the whole job when one
+            # rank exits with a non-zero status (143 after SIGTERM) while rank 0 still writes
+            comm.Barrier()
+        table = np.array(self.rows, dtype=float).reshape(-1, len(COLUMNS))
+        return RunResult(cfg, self.opt, status, table, self.state["theta"], self.extra)
+
+    def _maybe_fail(self, it: int) -> None:
+        """The ``inject_failure`` test hook: raise, or hang, on one rank at one iteration."""
+        if self.inject is not None and self.inject[:2] == (self.comm.rank, it):
+            if self.inject[2] == "hang":  # stop making progress: the others' watchdog must fire
+                time.sleep(3600)
+            raise RuntimeError(
+                f"injected failure on rank {self.comm.rank} at iteration {it} "
+                "(config inject_failure)"
+            )
 
 
 def run(
@@ -124,13 +345,15 @@ def run(
     from the file's last flushed iteration, appending to the same file; for
     the same number of ranks it reaches the same iterates bitwise, since the
     noise is keyed by iteration and the optimizer state is restored exactly.
+    ``on_iteration(row)`` is called with each finished iteration's Row.
     ``resume_overrides`` (settings that do not change the numbers, e.g. progress)
     are recorded in the file's ``resume_overrides`` attribute.
 
-    The SIGTERM / SIGINT handler stays installed until the file is closed: the
-    launcher and mpiexec forward a signal more than once, and a late copy must
-    not kill a rank while it writes the final summary; and every rank waits for
-    that close, since mpiexec kills the job when a rank exits 143 before it.
+    The SIGTERM / SIGINT handler stays installed until the file is closed (it
+    is restored when the run's resources are freed): the launcher and mpiexec
+    forward a signal more than once, and a late copy must not kill a rank while
+    it writes the final summary; and every rank waits for that close, since
+    mpiexec kills the job when a rank exits 143 before it.
     """
     comm = comm if comm is not None else MPI.COMM_WORLD
     validate(cfg, comm.size, check_output=False)
@@ -139,162 +362,24 @@ def run(
         if err:
             raise ConfigError(err)
     prob = problem if problem is not None else make_problem(cfg, comm)
-    method, T = make_method(cfg, prob)
-    costs = CostModel.uniform(cfg.depth, cfg.t_forward, cfg.t_backward, cfg.alpha, cfg.beta)
-    make = EXECUTORS.get(cfg.executor)
-    common = dict(
-        variable=prob.variable,
-        schedule=cfg.schedule,
-        seed=cfg.seed,
-        clock=cfg.clock,
-        costs=costs,
-        wait=cfg.wait,
-        timeout=cfg.timeout,
-        weights=prob.weights,
-        stages=cfg.stages,
-    )
-    eng = make(
-        comm,
-        prob.spec,
-        prob.batch,
-        samples=method.samples,
-        microbatches=cfg.n_micro,
-        layer_time=cfg.layer_time,
-        **common,
-    )
-    ev = (
-        make(comm, prob.spec, prob.batch, samples=1, microbatches=prob.batch.m, **common)
-        if cfg.eval_every
-        else None
-    )
-    clear_block_cache()  # both engines hold their layers now
-    project = prob.project if comm.rank == 0 else (lambda v: v)
-    state = State(method, eng.initial_point(), project)
-    offsets = _offsets(prob, comm)
-    red = np.zeros(3)
-    rec = SimulatedRecorder if cfg.executor == "simulated" else Recorder
-    recorder = rec(eng, cfg.timeline_limit, cfg.timeline_every, keep=bool(cfg.output))
-    loop = {"best": math.inf, "mtime": 0.0, "first": math.nan}
-    if resume is not None:
-        _restore(resume, comm, state, loop, recorder, offsets)
-    writer = None
-    if cfg.output:
-        writer = _collective(
-            comm,
-            (lambda: _open_writer(cfg, comm, prob, method, T, offsets[-1], eng.schedule.n_stages))
-            if resume is None
-            else (lambda: _reopen_writer(resume, comm, state.t - 1, resume_overrides)),
-        )
-    inject = _injection(cfg.inject_failure)
-    flushed, rows, status, extra = 0, [], "complete", {}
-    stop = _StopFlag()
-    f_star = prob.f_star if prob.f_star is not None else math.nan
-    prog = Progress(cfg.progress, T, label or f"{cfg.optimizer}", comm.rank == 0)
-    wall0 = time.perf_counter()
-
-    def exact_f(theta):
-        res = ev.evaluate(theta)
-        red[0] = 0.5 * prob.mu * float(theta @ theta)
-        comm.Allreduce(MPI.IN_PLACE, [red[:1], MPI.DOUBLE], op=MPI.SUM)
-        return res.loss + red[0], res.item_losses
-
-    def flush():
-        nonlocal flushed
-        flushed = _flush(writer, comm, recorder, rows, flushed, state, loop, offsets)
-
-    if ev is not None and prob.f_star is not None:
-        # f(θ₀) − f*: a study whose ε is above it measures nothing (θ₀ already reaches ε)
-        extra["initial_gap"] = float(exact_f(eng.initial_point())[0] - prob.f_star)
-
-    for it in range(state.t, T + 1):
-        if inject is not None and inject[:2] == (comm.rank, it):
-            if inject[2] == "hang":  # stop making progress: the others' watchdog must fire
-                time.sleep(3600)
-            raise RuntimeError(
-                f"injected failure on rank {comm.rank} at iteration {it} (config inject_failure)"
-            )
-        y = state.point()
-        res = eng.evaluate(y, method.gamma, call=it)
-        grad = res.grad + prob.mu * y if prob.mu else res.grad
-        recorder.record(it, res.time)
-        red[0] = 0.5 * prob.mu * float(y @ y)
-        red[1] = float(grad @ grad)
-        red[2] = 1.0 if stop.raised else 0.0
-        comm.Allreduce(MPI.IN_PLACE, [red, MPI.DOUBLE], op=MPI.SUM)
-        loss, gnorm = res.loss + red[0], math.sqrt(red[1])
-        loop["mtime"] += res.time
-        if math.isnan(loop["first"]):
-            loop["first"] = loss
-        first = loop["first"]
-        wall = time.perf_counter() - wall0
-        if (
-            not math.isfinite(loss)
-            or not math.isfinite(gnorm)
-            or loss - first > cfg.diverge_factor * max(abs(first), 1.0)
-        ):
-            status = "diverged"
-            rows.append(
-                (it, loss, math.nan, loop["best"], math.nan, gnorm, method.lr, loop["mtime"], wall)
-            )
-            break
-        state.update(y, grad)
-        f = math.nan
-        if ev is not None and (it % cfg.eval_every == 0 or it == T):
-            f, items = exact_f(state.theta)
-            if not math.isfinite(f):
-                status = "diverged"
-            loop["best"] = min(loop["best"], f)
-            if prob.name == "attack":
-                extra["attack_success"] = float((items < 0).mean())
-        rows.append(
-            (
-                it,
-                loss,
-                f,
-                loop["best"],
-                f - f_star,
-                gnorm,
-                method.lr,
-                loop["mtime"],
-                time.perf_counter() - wall0,
-            )
-        )
-        if on_iteration is not None:
-            on_iteration(rows[-1])
-        prog.update(it, loss, loop["mtime"])
-        if red[2] > 0:
-            status = "incomplete"
-        if cfg.output and (it % cfg.flush_every == 0 or status != "complete"):
-            flush()
-        if status != "complete" or (cfg.time_budget and loop["mtime"] >= cfg.time_budget):
-            break
-    prog.update(len(rows), rows[-1][1] if rows else math.nan, loop["mtime"], force=True)
-    extra.update(prob.info)
-    extra["iterations_planned"] = T
-    if cfg.output:
-        flush()
-        summary = recorder.stage_summary(comm)
-        if writer is not None:
-            writer.set_stages(
-                summary[:, 0], summary[:, 1], summary[:, 2], summary[:, 3].astype(np.int64)
-            )
-            done = int(rows[-1][0]) if rows else state.t - 1  # oracle calls, resumed ones too
-            figures = derived_figures(cfg, eng, summary, loop["mtime"], done)
-            writer.close(status, {"info": json.dumps(extra), "figures": json.dumps(figures)})
-            extra["figures"] = figures
-        # no rank leaves before the file is closed: mpiexec ends the whole job when one
-        # rank exits with a non-zero status (143 after SIGTERM) while rank 0 still writes
-        comm.Barrier()
-    eng.close()
-    if ev is not None:
-        ev.close()
-    stop.restore()  # only now: every copy of a forwarded signal was absorbed while writing
-    table = np.array(rows, dtype=float).reshape(-1, len(COLUMNS))
-    return RunResult(cfg, method, status, table, state.theta, extra)
+    check_depth(cfg, prob)
+    opt, T = make_method(cfg, prob)
+    with ExitStack() as stack:
+        r = Run(cfg, comm, prob, opt, T, stack, label, on_iteration)
+        if resume is not None:
+            r.restore(resume)
+        r.open_output(resume, resume_overrides)
+        r.initial_gap()
+        return r.finish(r.loop())
 
 
 def derived_figures(
-    cfg: RunConfig, eng, summary: np.ndarray, pipeline_time: float, iterations: int
+    cfg: RunConfig,
+    eng: Executor,
+    summary: np.ndarray,
+    pipeline_time: float,
+    iterations: int,
+    depth: int,
 ) -> dict:
     """Per-run figures: bubble fraction and, with emulated layers, efficiency.
 
@@ -313,7 +398,7 @@ def derived_figures(
         "bubble_fraction": 1.0 - busy / (S * pipeline_time) if pipeline_time > 0 else 0.0,
     }
     if cfg.layer_time > 0 and iterations > 0:
-        tf, tb = stage_times(CostModel.uniform(cfg.depth, cfg.layer_time), cfg.depth, S)
+        tf, tb = stage_times(CostModel.uniform(depth, cfg.layer_time), depth, S)
         per = simulate(eng.schedule, tf, tb).makespan
         out["predicted_pipeline_time"] = per * iterations
         if cfg.clock == "wall":
@@ -336,44 +421,6 @@ def _offsets(prob: Problem, comm) -> list[int]:
     return [0] + [prob.dim] * comm.size
 
 
-def _gather_vector(local: np.ndarray, comm, offsets: list[int]) -> np.ndarray | None:
-    """The full vector on rank 0 (buffer-API Gatherv); None elsewhere."""
-    counts = list(np.diff(offsets))
-    if comm.size == 1:
-        return local.copy()
-    out = np.empty(offsets[-1]) if comm.rank == 0 else None
-    comm.Gatherv([local, MPI.DOUBLE], [out, counts, MPI.DOUBLE] if comm.rank == 0 else None, root=0)
-    return out
-
-
-def _output_error(cfg: RunConfig) -> str | None:
-    try:
-        check_output(cfg)
-    except ConfigError as e:
-        return str(e)
-    return None
-
-
-class _StopFlag:
-    """SIGTERM / SIGINT set a flag; the loop stops at the end of the iteration."""
-
-    def __init__(self):
-        self.raised = False
-        self._old = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread
-                pass
-
-    def _handle(self, signum, frame):
-        self.raised = True
-
-    def restore(self):
-        for sig, h in self._old.items():
-            signal.signal(sig, h)
-
-
 def _collective(comm, make):
     """``make()`` on every rank (rank 0 may fail); its error, if any, raised on every rank."""
     from hpcpipe.run.results import ResultsError
@@ -389,7 +436,7 @@ def _collective(comm, make):
     return out
 
 
-def _reopen_writer(path: str, comm, last_iteration: int, overrides: dict | None):
+def _reopen_writer(path: str, comm, last_iteration: int, overrides: dict | None, layout):
     from hpcpipe.run.results import Writer
 
     if comm.rank != 0:
@@ -400,106 +447,55 @@ def _reopen_writer(path: str, comm, last_iteration: int, overrides: dict | None)
         COLUMNS,
         log=lambda m: print(f"hpcpipe: {m}", file=sys.stderr, flush=True),
         overrides=overrides,
+        state_layout=layout,
     )
 
 
-def _open_writer(
-    cfg: RunConfig, comm, prob: Problem, method: Method, T: int, size: int, n_stages: int
-):
+def _open_writer(cfg: RunConfig, comm, prob: Problem, opt: Optimizer, T: int, run: Run):
     from hpcpipe.run.results import Writer
 
     hosts = comm.gather(socket.gethostname(), root=0)
     if comm.rank != 0:
         return None
+    entry = PROBLEMS.get(cfg.problem)
     attrs = {
         "config": cfg.to_json(),
         "method": json.dumps(
             {
-                "name": method.name,
-                "lr": method.lr,
-                "gamma": method.gamma,
-                "samples": method.samples,
-                "momentum": method.momentum,
+                **opt.describe(),
+                "entry": cfg.optimizer,
+                "module": type(opt).__module__,
                 "iterations": T,
             }
         ),
         "problem": json.dumps(
-            {
-                "name": prob.name,
-                "dim": prob.dim,
-                "f_star": prob.f_star,
-                "L": prob.L,
-                "beta": prob.beta,
-                "R": prob.R,
-            }
+            {**prob.constants(), "entry": cfg.problem, "module": entry.build.__module__}
         ),
         "n_ranks": comm.size,
-        "n_stages": n_stages,
-        "executor": cfg.executor,
         "hosts": sorted(set(hosts)),
         "clock": cfg.clock,
+        "executor": cfg.executor,
+        "n_stages": run.eng.schedule.n_stages,
     }
     for k, v in json.loads(cfg.to_json()).items():
         attrs[f"config.{k}"] = v
-    return Writer(cfg.output, attrs, COLUMNS, n_stages, state_size=size)
+    layout = checkpoint.layout(run.state)
+    return Writer(
+        cfg.output,
+        attrs,
+        COLUMNS,
+        run.eng.schedule.n_stages,
+        state_size=run.offsets[-1],
+        state_layout=layout,
+    )
 
 
-def _flush(
-    writer,
-    comm,
-    recorder: Recorder,
-    rows: list,
-    flushed: int,
-    state: State,
-    loop: dict,
-    offsets: list[int],
-) -> int:
-    """Append new rows and gathered events, save the optimizer state, flush.
-
-    The state (θ_t, θ_{t−1}, t, best f, pipeline time, first loss, per-stage
-    totals) is what ``--resume`` needs to continue bitwise.
-    """
-    ev = recorder.gather(comm)
-    theta = _gather_vector(state.theta, comm, offsets)
-    prev = _gather_vector(state.prev, comm, offsets)
-    stage = recorder.stage_summary(comm)
-    if writer is not None:
-        if len(rows) > flushed:
-            writer.append_iterations(np.array(rows[flushed:], dtype=float))
-        writer.append_timeline(ev)
-        writer.save_state(theta, prev, [state.t, loop["best"], loop["mtime"], loop["first"]], stage)
-        writer.flush()
-    return len(rows)
-
-
-def _restore(
-    path: str, comm, state: State, loop: dict, recorder: Recorder, offsets: list[int]
-) -> None:
-    """Load the optimizer state of an incomplete result file on every rank."""
-    from hpcpipe.run.results import ResultsError, read_state
-
-    got = None
-    if comm.rank == 0:
-        try:
-            got = read_state(path)
-        except ResultsError as e:
-            got = e
-    got = comm.bcast(got, root=0)
-    if isinstance(got, Exception):
-        raise got
-    theta, prev, scalars, stage = got
-    r = comm.rank
-    n_stages = recorder.engine.schedule.n_stages
-    if theta.size != offsets[-1] or stage.shape[0] != n_stages:
-        raise ResultsError(
-            f"{path}: its state has {theta.size} values on {stage.shape[0]} "
-            f"stages; this run has {offsets[-1]} on {n_stages}"
-        )
-    state.theta = theta[offsets[r] : offsets[r + 1]].copy()
-    state.prev = prev[offsets[r] : offsets[r + 1]].copy()
-    state.t = int(scalars[0])
-    loop["best"], loop["mtime"], loop["first"] = (float(x) for x in scalars[1:4])
-    recorder.restore(stage, r)
+def _output_error(cfg: RunConfig) -> str | None:
+    try:
+        check_output(cfg)
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def gather_theta(result: RunResult, comm, problem: Problem) -> np.ndarray:

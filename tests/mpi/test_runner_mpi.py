@@ -6,7 +6,6 @@ from helpers import from_root, sub_comm
 from mpi4py import MPI
 
 from hpcpipe.model.reference import Reference
-from hpcpipe.optim.methods import State
 from hpcpipe.run.config import make_config
 from hpcpipe.run.runner import gather_theta, make_method, make_problem, run
 
@@ -36,12 +35,13 @@ def reference_run(cfg):
     prob = make_problem(cfg, MPI.COMM_SELF)
     method, _ = make_method(cfg, prob)
     ref = Reference(prob.spec, prob.batch, prob.variable, seed=cfg.seed)
-    state = State(method, ref.initial_point(), prob.project)
+    state = method.init(ref.initial_point(), prob.project)
+    reg = prob.regulariser
     for it in range(1, ITERS + 1):
-        y = state.point()
+        y = method.point(state, prob.project)
         _, g = ref.loss_and_grad(y, method.gamma, it, method.samples)
-        state.update(y, g + prob.mu * y if prob.mu else g)
-    return state.theta
+        state = method.update(state, y, g + reg.grad(y) if reg else g, prob.project)
+    return state["theta"]
 
 
 @pytest.mark.mpi(min_size=4)

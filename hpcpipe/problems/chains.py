@@ -1,0 +1,126 @@
+"""Convex chains with known optima: l1-chain, max-chain, quad-chain.
+
+The variable is the input (θ = δ, x = 0, m = 1), passed through Δ fixed
+orthogonal layers Q = Q₁⋯Q_Δ, which keep norms, so f(θ) = g(θQ) has the L,
+β, R and f* of the head g (θ* = z*Qᵀ).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcpipe.model import rng
+from hpcpipe.model.stages import Batch, ModelSpec
+from hpcpipe.problems.base import L2Regulariser, Problem, ProblemEntry, need_single_example
+
+
+@dataclass
+class ChainProblem(Problem):
+    """A chain problem, with the minimiser z* seen after the chain: θ* = z*Qᵀ."""
+
+    z_star: np.ndarray | None = None
+
+    @property
+    def theta_star(self) -> np.ndarray | None:
+        """θ* = z*Qᵀ, built on demand: it needs every layer, which no rank holds in a run."""
+        if self.z_star is None:
+            return None
+        return (self.z_star @ chain_map(self.spec).T).ravel()
+
+
+def _orth_spec(depth: int, d: int, head: str, seed: int, **head_args) -> ModelSpec:
+    return ModelSpec(
+        "orthogonal", depth=depth, d_in=d, d_out=d, head=head, head_args=head_args, seed=seed
+    )
+
+
+def chain_map(spec: ModelSpec) -> np.ndarray:
+    """Q = Q₁⋯Q_Δ of an orthogonal chain (row-vector convention: z = θQ)."""
+    q = np.eye(spec.d_in)
+    for b in range(spec.depth):
+        q = q @ spec.block(b)[0].q
+    return q
+
+
+def l1_chain(depth: int, d: int, seed: int, radius: float = 1.0) -> ChainProblem:
+    """f(θ) = (1/√d)‖θQ − b‖₁: non-smooth convex, L = 1, f* = 0, θ* = bQᵀ, R = ‖b‖."""
+    b = rng.data_generator(seed, 1).standard_normal((1, d))
+    b *= radius / np.linalg.norm(b)
+    return _residual_chain("l1-chain", _orth_spec(depth, d, "abs", seed), b, L=1.0)
+
+
+def max_chain(depth: int, d: int, seed: int, mu: float | None = None) -> ChainProblem:
+    """f(θ) = max_j (θQ)_j + (μ/2)‖θ‖² (Nesterov 2004, §3.2.1, with k = d).
+
+    Minimiser z*_j = −1/(μd) for all j, f* = −1/(2μd); θ* = z*Qᵀ, R = ‖θ*‖ =
+    1/(μ√d) from θ₀ = 0. Lipschitz on the ball ‖θ‖ ≤ 2R: L = 1 + 2μR. The
+    default μ = 1/√d makes R = 1 whatever d. The quadratic term is the
+    problem's regulariser, added to the pipeline's max head.
+    """
+    mu = 1.0 / np.sqrt(d) if mu is None else mu
+    spec = _orth_spec(depth, d, "max", seed)
+    z_star = np.full((1, d), -1.0 / (mu * d))
+    R = float(np.linalg.norm(z_star))  # ‖θ*‖ = ‖z*Qᵀ‖ = ‖z*‖
+    return ChainProblem(
+        "max-chain",
+        spec,
+        Batch(np.zeros((1, d)), np.zeros((1, d))),
+        "input",
+        d,
+        f_star=-1.0 / (2 * mu * d),
+        L=1.0 + 2 * mu * R,
+        R=R,
+        regulariser=L2Regulariser(mu),
+        z_star=z_star,
+    )
+
+
+def quad_chain(
+    depth: int, d: int, seed: int, beta: float = 1.0, lambda_min: float = 1e-9
+) -> ChainProblem:
+    """A β-smooth convex quadratic through the chain, where the O(1/T²) and O(1/T) rates show.
+
+    f(θ) = ½ Σ_j λ_j ((θQ)_j − b_j)², λ_j log-uniform in [λ_min, β], b_j = 1/√d
+    (R = ‖b‖ = 1, θ* = bQᵀ, f* = 0). With η = 1/β, GD's gap is
+    ½ Σ λ_j (1 − λ_j/β)^{2T} b_j² ≈ ∫ e^{−2Tλ} dλ/(2 log(β/λ_min)) ∝ 1/T, and
+    AGD's ∝ 1/T², while T ≪ 1/√λ_min (the problem then looks merely convex).
+    """
+    lambdas = beta * (lambda_min / beta) ** (np.arange(d) / max(d - 1, 1))
+    spec = _orth_spec(depth, d, "squared", seed, lambdas=tuple(lambdas))
+    return _residual_chain("quad-chain", spec, np.full((1, d), 1.0 / np.sqrt(d)), beta=beta)
+
+
+def _residual_chain(name: str, spec: ModelSpec, b: np.ndarray, **constant) -> ChainProblem:
+    """g(z) = ℓ(z − b) ≥ 0 with ℓ(0) = 0: z* = b, f* = 0, θ* = bQᵀ and, Q being
+    orthogonal, R = ‖θ*‖ = ‖b‖ from θ₀ = 0."""
+    d = spec.d_in
+    return ChainProblem(
+        name,
+        spec,
+        Batch(np.zeros((1, d)), b),
+        "input",
+        d,
+        f_star=0.0,
+        R=float(np.linalg.norm(b)),
+        z_star=b,
+        **constant,
+    )
+
+
+def _entry(name: str, make, about: str) -> ProblemEntry:
+    """A chain's registry entry: built from depth, dim and seed; one example; theory-ready."""
+    return ProblemEntry(
+        lambda cfg, comm: make(cfg.depth, cfg.dim, cfg.seed),
+        need_single_example(name),
+        theory=True,
+        about=about,
+    )
+
+
+ENTRIES = {
+    "l1-chain": _entry("l1-chain", l1_chain, "(1/√d)‖θQ − b‖₁: non-smooth, L = 1, f* = 0"),
+    "max-chain": _entry("max-chain", max_chain, "max_j (θQ)_j + (μ/2)‖θ‖²: non-smooth, known f*"),
+    "quad-chain": _entry("quad-chain", quad_chain, "ill-conditioned quadratic: β-smooth, f* = 0"),
+}

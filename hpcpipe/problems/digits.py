@@ -1,0 +1,177 @@
+"""Problems on scikit-learn's 8x8 digits: the ℓ∞ attack and few-shot training."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hpcpipe.errors import need
+from hpcpipe.model import rng
+from hpcpipe.model.layers import forward_layers
+from hpcpipe.model.stages import Batch, ModelSpec, Stage
+from hpcpipe.problems.base import Problem, ProblemEntry
+
+
+def load_digits_split(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's bundled 8x8 digits (no download), pixels in [0, 1], 1400/397 split."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:  # pragma: no cover
+        raise RuntimeError("the digits problems need scikit-learn: pip install scikit-learn") from e
+    x, y = load_digits(return_X_y=True)
+    x = x / 16.0
+    perm = rng.data_generator(seed, 7).permutation(len(y))
+    tr, te = perm[:1400], perm[1400:]
+    return x[tr], y[tr], x[te], y[te]
+
+
+def _mlp_spec(depth: int, width: int, seed: int, head: str) -> ModelSpec:
+    return ModelSpec("mlp", depth=depth, d_in=64, d_out=10, width=width, head=head, seed=seed)
+
+
+def logits(spec: ModelSpec, weights: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Forward pass of the whole model in one process (for accuracy checks)."""
+    st = Stage(spec, 0, spec.depth)
+    y, _ = forward_layers(st.layers, x, st.views(weights))
+    return y
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HPCPIPE_CACHE", Path.home() / ".cache" / "hpcpipe"))
+
+
+def train_classifier(
+    comm,
+    depth: int,
+    width: int,
+    seed: int,
+    iterations: int = 300,
+    lr: float = 0.1,
+    momentum: float = 0.9,
+) -> tuple[np.ndarray, float]:
+    """Train the digits MLP through the pipeline (weights are the variable).
+
+    Full-batch heavy-ball on softmax cross-entropy, every stage updating only
+    its own weights; deterministic from the seed. Returns (weights, test
+    accuracy) on every rank. Cached under HPCPIPE_CACHE (default
+    ~/.cache/hpcpipe), keyed by every setting that changes the result.
+    """
+    from hpcpipe.model.stages import stage_offsets
+    from hpcpipe.pipeline.engine import Engine
+
+    key = hashlib.sha256(repr((depth, width, seed, iterations, lr, momentum, 2)).encode())
+    path = cache_dir() / f"digits-mlp-{key.hexdigest()[:16]}.npz"
+    spec = _mlp_spec(depth, width, seed, "cross_entropy")
+    xtr, ytr, xte, yte = load_digits_split(seed)
+    found = comm.bcast(path.exists() if comm.rank == 0 else None, root=0)
+    if found:
+        data = np.load(path) if comm.rank == 0 else None
+        w = comm.bcast(data["weights"] if data is not None else None, root=0)
+        return w, float(comm.bcast(float(data["accuracy"]) if data is not None else None, root=0))
+    with Engine(
+        comm,
+        spec,
+        Batch(xtr, ytr),
+        "weights",
+        "gpipe",
+        samples=1,
+        microbatches=min(4, depth * 2),
+        seed=seed,
+        clock="model",
+    ) as eng:
+        theta = eng.initial_point()
+        vel = np.zeros_like(theta)
+        for _ in range(iterations):
+            res = eng.evaluate(theta)
+            vel = momentum * vel - lr * res.grad
+            theta = theta + vel
+    parts = comm.allgather(theta)
+    w = np.concatenate(parts)
+    assert w.size == stage_offsets(spec, comm.size)[-1]
+    acc = float((logits(spec, w, xte).argmax(1) == yte).mean())
+    if comm.rank == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
+        np.savez(tmp, weights=w, accuracy=acc)
+        os.replace(tmp, path)
+    return w, acc
+
+
+@dataclass
+class AttackProblem(Problem):
+    """The ℓ∞ attack: its metric is the attack success, the share of images whose
+    margin is < 0 (misclassified) at the evaluated point."""
+
+    def metrics(self, item_losses: np.ndarray) -> dict[str, float]:
+        return {"attack_success": float((item_losses < 0).mean())}
+
+
+def attack(
+    comm, depth: int, width: int, m: int, seed: int, radius: float = 0.1, head: str = "margin"
+) -> AttackProblem:
+    """ℓ∞ attack on m correctly classified test digits: minimise the CW margin.
+
+    θ = δ (m, 64) on stage 0, constrained to ‖δ‖∞ ≤ radius and x + δ ∈ [0, 1]:
+    the box [max(−r, −x), min(r, 1 − x)], whose projection is a clip. An
+    image is misclassified (attack success) when its margin is < 0.
+    """
+    w, acc = train_classifier(comm, depth, width, seed)
+    spec = _mlp_spec(depth, width, seed, head)
+    _, _, xte, yte = load_digits_split(seed)
+    ok = np.flatnonzero(logits(spec, w, xte).argmax(1) == yte)
+    pick = rng.data_generator(seed, 8).choice(ok, size=m, replace=False)
+    x, y = xte[pick], yte[pick]
+    lo = np.maximum(-radius, -x).ravel()
+    hi = np.minimum(radius, 1.0 - x).ravel()
+    return AttackProblem(
+        "attack",
+        spec,
+        Batch(x, y),
+        "input",
+        x.size,
+        weights=w,
+        box=(lo, hi),
+        info={"classifier_test_accuracy": acc, "radius": radius, "images": m},
+    )
+
+
+def fewshot(depth: int, width: int, m: int, seed: int) -> Problem:
+    """Train the digits MLP on m <= 20 training examples (weights are the variable)."""
+    if not 1 <= m <= 20:
+        raise ValueError(f"fewshot: m must be between 1 and 20, got {m}")
+    xtr, ytr, _, _ = load_digits_split(seed)
+    spec = _mlp_spec(depth, width, seed, "cross_entropy")
+    return Problem(
+        "fewshot",
+        spec,
+        Batch(xtr[:m], ytr[:m]),
+        "weights",
+        sum(spec.block_size(b) for b in range(depth)),
+    )
+
+
+def _check_attack(cfg) -> None:
+    need(cfg.m <= 10, "m", cfg.m, "the attack uses between 1 and 10 images")
+    need(cfg.radius > 0, "radius", cfg.radius, "the attack needs a radius > 0")
+
+
+def _check_fewshot(cfg) -> None:
+    need(cfg.m <= 20, "m", cfg.m, "fewshot trains on at most 20 examples")
+
+
+ENTRIES = {
+    "attack": ProblemEntry(
+        lambda cfg, comm: attack(comm, cfg.depth, cfg.width, cfg.m, cfg.seed, cfg.radius),
+        _check_attack,
+        about="ℓ∞ attack (radius) on m <= 10 digits through a trained ReLU MLP",
+    ),
+    "fewshot": ProblemEntry(
+        lambda cfg, comm: fewshot(cfg.depth, cfg.width, cfg.m, cfg.seed),
+        _check_fewshot,
+        about="train the digits ReLU MLP on m <= 20 examples (the weights are θ)",
+    ),
+}
