@@ -129,17 +129,8 @@ class Run:
         self.stack = stack
         costs = CostModel.uniform(prob.depth, cfg.t_forward, cfg.t_backward, cfg.alpha, cfg.beta)
         make = EXECUTORS.get(cfg.executor)
-        common = dict(
-            variable=prob.variable,
-            weights=prob.weights,
-            schedule=cfg.schedule,
-            seed=cfg.seed,
-            clock=cfg.clock,
-            costs=costs,
-            wait=cfg.wait,
-            timeout=cfg.timeout,
-            stages=cfg.stages,
-        )
+        common = {k: getattr(cfg, k) for k in ("schedule", "seed", "clock", "wait", "timeout")}
+        common.update(variable=prob.variable, weights=prob.weights, costs=costs, stages=cfg.stages)
         self.eng: Executor = stack.enter_context(
             make(
                 comm,
