@@ -20,6 +20,7 @@ import numpy as np
 from hpcpipe.bench.common import figures, header, median, paired, ratios
 from hpcpipe.bench.transport import channel_latency
 from hpcpipe.model.layers import accumulate_outer, backward_layers, forward_layers
+from hpcpipe.model.losses import SquaredResidual
 from hpcpipe.model.stages import ModelSpec, random_batch
 from hpcpipe.pipeline.engine import Engine
 from hpcpipe.pipeline.schedules import build
@@ -56,12 +57,15 @@ def bare_gpipe(comm, w: np.ndarray, b: np.ndarray, x: np.ndarray, t: np.ndarray,
 
     The same computation as the engine's training step (y = xW + b, squared
     residual head ½‖y − t‖²/m on the last rank, dW = Σ xᵀdy and db = Σ dy
-    over the M microbatches) written as the shortest good loop:
+    over the M microbatches, the loss of each microbatch kept on the last
+    rank) written as the shortest good loop:
     preallocated buffers, persistent requests (the fastest raw path of
     ``bench transport``), every receive started first, a send started after
     each action, one ``Waitall`` at the end, and the same kernels as the
-    engine's dense layer (``accumulate_outer`` for dW); no schedule, clock or
-    recording. Returns a function running one step and returning (dW, db).
+    engine's dense layer and head (``accumulate_outer`` for dW, the squared
+    residual head); no schedule, clock or recording, and the losses are not
+    sent to the other ranks (the engine's call returns them on every rank).
+    Returns a function running one step and returning (dW, db).
     """
     from mpi4py import MPI
 
@@ -89,8 +93,12 @@ def bare_gpipe(comm, w: np.ndarray, b: np.ndarray, x: np.ndarray, t: np.ndarray,
         act_in[:] = x.reshape(M, rows, n_in)
     tgt = t.reshape(M, rows, width)
     wt = w.T
+    head = SquaredResidual()
+    losses = np.zeros(M)
+    seeds: list = [None] * M
 
     def step():
+        nonlocal gb
         MPI.Prequest.Startall(recvs)
         gw[:] = 0.0
         gb[:] = 0.0
@@ -100,17 +108,19 @@ def bare_gpipe(comm, w: np.ndarray, b: np.ndarray, x: np.ndarray, t: np.ndarray,
             np.matmul(act_in[i], w, out=act_out[i])
             act_out[i] += b
             if last:
-                np.subtract(act_out[i], tgt[i], out=grad_in[i])
-                grad_in[i] *= inv_m
+                losses[i], seeds[i] = head(act_out[i], tgt[i], inv_m)
             else:
                 send_f[i].Start()
         for i in range(M):
-            if not last:
+            if last:
+                dy = seeds[i]
+            else:
                 recv_b[i].Wait()
-            accumulate_outer(gw, act_in[i], grad_in[i])
-            np.add(gb, grad_in[i].sum(axis=0), out=gb)
+                dy = grad_in[i]
+            accumulate_outer(gw, act_in[i], dy)
+            gb += dy.sum(axis=0)
             if not first:
-                np.matmul(grad_in[i], wt, out=grad_out[i])
+                np.matmul(dy, wt, out=grad_out[i])
                 send_b[i].Start()
         MPI.Request.Waitall(sends)
         return gw, gb

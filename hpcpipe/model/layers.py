@@ -94,15 +94,20 @@ class Dense(Layer):
 
     def forward(self, x, params):
         w, b = params
-        return x @ w + b, x
+        y = x @ w
+        y += b  # in place: one temporary fewer than x @ w + b, the same numbers
+        return y, x
 
     def backward(self, dy, cache, params, grads):
-        w, _ = params
+        self.backward_params(dy, cache, params, grads)
+        return dy @ params[0].T
+
+    def backward_params(self, dy, cache, params, grads) -> None:
+        """Only the parameter part of ``backward``: dL/dW and dL/db, no dL/dx."""
         if grads is not None:
             gw, gb = grads
             accumulate_outer(gw, cache, dy)
             gb += dy.sum(axis=0)
-        return dy @ w.T
 
 
 class ReLU(Layer):
@@ -183,9 +188,25 @@ def backward_layers(
     caches: Sequence[Any],
     params: Sequence[Sequence[Array]],
     grads: Sequence[Sequence[Array]] | None,
-) -> Array:
-    """Backpropagate through a list of layers (in reverse), accumulating grads."""
-    for idx in range(len(layers) - 1, -1, -1):
+    need_dx: bool = True,
+) -> Array | None:
+    """Backpropagate through a list of layers (in reverse), accumulating grads.
+
+    With ``need_dx`` False (the first stage when the input is not a variable)
+    dL/dx of the first layer is not wanted: a layer with a ``backward_params``
+    method then only accumulates its parameter gradients, and None is returned.
+    """
+    for idx in range(len(layers) - 1, 0, -1):
         g = grads[idx] if grads is not None else None
         dy = layers[idx].backward(dy, caches[idx], params[idx], g)
-    return dy
+    if not layers:
+        return dy
+    g = grads[0] if grads is not None else None
+    if not need_dx:
+        only = getattr(layers[0], "backward_params", None)
+        if only is not None:
+            only(dy, caches[0], params[0], g)
+            return None
+        layers[0].backward(dy, caches[0], params[0], g)
+        return None
+    return layers[0].backward(dy, caches[0], params[0], g)

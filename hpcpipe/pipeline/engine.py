@@ -40,6 +40,7 @@ from hpcpipe.pipeline.clocks import CostModel, ModelClock, NoClock, WallClock, a
 from hpcpipe.pipeline.transport import BWD, FWD, Channel, Waiter, tag
 
 FORWARD = int(schedules.Kind.FORWARD)
+GATHER_LIMIT = 4096  # doubles gathered at the end of a call before two collectives are cheaper
 
 # columns of the per-action event table of one call
 EV_WAIT, EV_READY, EV_END = 0, 1, 2
@@ -152,6 +153,11 @@ class Engine:
         self._sends = [r for ch in (self.send_f, self.send_b) if ch for r in ch.requests]
         self.item_losses = np.zeros(self.n_items)
         self._tbuf = np.zeros(2)
+        # small calls end with one Allgather instead of a Bcast and an Allreduce
+        small = (self.n_items + 2) * self.size <= GATHER_LIMIT
+        self._gather = (
+            (np.zeros(self.n_items + 2), np.zeros((self.size, self.n_items + 2))) if small else None
+        )
         self.local_size = (
             (batch.m * spec.d_in if st.is_first else 0) if variable == "input" else st.size
         )
@@ -188,10 +194,12 @@ class Engine:
             time.sleep(self.layer_time)
 
     def _prepare(self) -> None:
-        """Per-item views and slices that do not change between calls (built once)."""
+        """Per-action plan, per-item views and requests that do not change between calls."""
         st, M = self.stage, self.microbatches
-        self._items = [
-            (i // M, self.rows[i % M][0], self.rows[i % M][1]) for i in range(self.n_items)
+        # one tuple per action: (forward?, item, sample, first row, end row, microbatch)
+        self._plan = [
+            (kind == FORWARD, i, i // M, self.rows[i % M][0], self.rows[i % M][1], i % M)
+            for i, kind in self._items_kinds
         ]
         bx, bt = self.batch.x, self.batch.targets
         self._x_rows = [bx[r0:r1] for r0, r1 in self.rows]
@@ -199,25 +207,20 @@ class Engine:
 
         def views(ch):
             if ch is None:
-                return None, None
+                return None, None, None, None
             return (
                 [ch.payload(i) for i in range(self.n_items)],
                 [ch.slots[i] for i in range(self.n_items)],
+                list(ch.requests),
+                [ch.nbytes(i) for i in range(self.n_items)],
             )
 
-        self._rf, self._rf_slot = views(self.recv_f)
-        self._rb, self._rb_slot = views(self.recv_b)
-        self._sf, self._sf_slot = views(self.send_f)
-        self._sb, self._sb_slot = views(self.send_b)
+        self._rf = views(self.recv_f)
+        self._rb = views(self.recv_b)
+        self._sf = views(self.send_f)
+        self._sb = views(self.send_b)
         self._ev_lists = tuple([0.0] * len(self.codes) for _ in range(3))
-        self._point = np.zeros(self.local_size)
-        self._grad = np.zeros(self.local_size)
-        if self.variable == "weights":
-            self._point_views = st.views(self._point)
-            self._grad_views = st.views(self._grad)
-        else:
-            self._point_views = st.views(st.flat)
-            self._grad_views = None
+        self._weight_views = st.views(st.flat)
 
     def evaluate(
         self, point: np.ndarray, gamma: float = 0.0, call: int = 0, reduce: str = "mean"
@@ -229,34 +232,40 @@ class Engine:
             )
         if reduce not in ("mean", "sum"):
             raise ValueError(f"reduce {reduce!r}: choose mean or sum")
-        if not hasattr(self, "_items"):
+        if not hasattr(self, "_plan"):
             self._prepare()
         st, M, m = self.stage, self.microbatches, self.batch.m
         first, last = st.is_first, st.is_last
         layers, head = st.layers, st.head
         weights_var = self.variable == "weights"
         input_var = self.variable == "input" and first
-        np.copyto(self._point, point)
-        point = self._point
-        grad = self._grad
-        grad[:] = 0.0
-        gviews = self._grad_views
-        base = self._point_views
+        # the point is read in place and the gradient is a new array: no copy of either
+        point = np.ascontiguousarray(point, dtype=np.float64)
+        grad = np.zeros(self.local_size)
+        gviews = st.views(grad) if weights_var else None
+        base = st.views(point) if weights_var else self._weight_views
         delta = point.reshape(m, self.spec.d_in) if input_var else None
         gdelta = grad.reshape(m, self.spec.d_in) if input_var else None
+        # plain: every sample runs at the base parameters and there is no input to build
+        plain = not input_var and not (weights_var and gamma != 0.0)
+        need_dx = input_var or not first  # the first stage's dL/dx is wanted for δ only
         params: dict[int, list] = {}
+        x_plus_delta = None
         inputs: dict[int, np.ndarray] = {}
         left: dict[int, int] = {}
         caches: dict[int, list] = {}
         seeds: dict[int, np.ndarray] = {}
         clock, ev, waiter = self.clock, self.events, self.waiter
         ev_wait, ev_ready, ev_end = self._ev_lists
-        now, receive, compute = clock.now, clock.receive, clock.compute
+        tick, receive, compute = clock.tick, clock.receive, clock.compute
         watch = waiter.timeout > 0
         emulate = self.layer_time > 0
-        items, x_rows, t_rows = self._items, self._x_rows, self._t_rows
-        rf, rf_slot, rb, rb_slot = self._rf, self._rf_slot, self._rb, self._rb_slot
-        sf, sf_slot, sb, sb_slot = self._sf, self._sf_slot, self._sb, self._sb_slot
+        x_rows, t_rows = self._x_rows, self._t_rows
+        rf, rf_slot, rf_req, rf_bytes = self._rf
+        rb, rb_slot, rb_req, rb_bytes = self._rb
+        sf, sf_slot, sf_req, _ = self._sf
+        sb, sb_slot, sb_req, _ = self._sb
+        copyto = np.copyto
         item_losses = self.item_losses
         item_losses[:] = 0.0
         inv_m = 1.0 / m
@@ -266,85 +275,99 @@ class Engine:
         model = isinstance(clock, ModelClock)
         direct = waiter.policy == "busy" and not watch
 
-        def take(ch, views, slots, i, what, peer):
-            """Wait for item i's message, advance the clock, return its payload view."""
-            if direct:
-                ch.requests[i].Wait()
-            elif watch:
+        def await_(req, i: int, what: str, peer: int) -> None:
+            """Complete item i's receive under the wait policy (and the watchdog)."""
+            if watch:
                 waiter.wait(
-                    ch.requests[i],
-                    f"rank {self.rank} waits for the {what} of item "
-                    f"{i} from rank {peer} (call {call})",
+                    req,
+                    f"rank {self.rank} waits for the {what} of item {i} from rank {peer} "
+                    f"(call {call})",
                 )
             else:
-                waiter.wait(ch.requests[i])
-            if model:
-                receive(slots[i][-1], ch.nbytes(i))
-            return views[i]
-
-        def give(ch, views, slots, i, data, stamp):
-            """Copy item i's data into its send slot with the clock stamp; start the send."""
-            np.copyto(views[i], data)
-            slots[i][-1] = stamp
-            ch.requests[i].Start()
+                waiter.wait(req)
 
         clock.reset()
         MPI.Prequest.Startall(self._recvs)
-        t_first = now()
-        for idx, (i, kind) in enumerate(self._items_kinds):
-            k, r0, r1 = items[i]
-            ev_wait[idx] = now()
-            if kind == FORWARD:  # forward of item i
-                if k not in params:
-                    if weights_var and gamma != 0.0:
-                        params[k] = st.views(st.perturbed(point, gamma, self.seed, call, k))
-                    else:
-                        params[k] = base
-                    left[k] = M
-                    if input_var:
-                        x0 = self.batch.x + delta
-                        if gamma != 0.0:
-                            x0 = x0 + gamma * rng.noise(
-                                self.seed, call, rng.INPUT_PARAM_ID, k, x0.shape
-                            )
-                        inputs[k] = x0
-                if first:
-                    x = inputs[k][r0:r1] if input_var else x_rows[i % M]
+        t_first = tick()
+        t_end = t_first
+        for idx, (fwd, i, k, r0, r1, j) in enumerate(self._plan):
+            ev_wait[idx] = tick()
+            if fwd:  # forward of item i
+                if plain:
+                    p = base
                 else:
-                    x = take(self.recv_f, rf, rf_slot, i, "activation", self.rank - 1)
-                ev_ready[idx] = now()
-                y, caches[i] = forward_layers(layers, x, params[k])
+                    if k not in params:
+                        if weights_var and gamma != 0.0:
+                            params[k] = st.views(st.perturbed(point, gamma, self.seed, call, k))
+                        else:
+                            params[k] = base
+                        left[k] = M
+                        if input_var:
+                            if x_plus_delta is None:  # the same for every sample
+                                x_plus_delta = self.batch.x + delta
+                            x0 = x_plus_delta
+                            if gamma != 0.0:
+                                x0 = x0 + gamma * rng.noise(
+                                    self.seed, call, rng.INPUT_PARAM_ID, k, x0.shape
+                                )
+                            inputs[k] = x0
+                    p = params[k]
+                if first:
+                    x = inputs[k][r0:r1] if input_var else x_rows[j]
+                else:
+                    if direct:
+                        rf_req[i].Wait()
+                    else:
+                        await_(rf_req[i], i, "activation", self.rank - 1)
+                    if model:
+                        receive(rf_slot[i][-1], rf_bytes[i])
+                    x = rf[i]
+                ev_ready[idx] = tick()
+                y, caches[i] = forward_layers(layers, x, p)
                 if last:
-                    loss, dz = head(y, t_rows[i % M], inv_m)
-                    item_losses[i] = loss
-                    seeds[i] = dz
+                    item_losses[i], seeds[i] = head(y, t_rows[j], inv_m)
                 if emulate:
                     self._emulate()
                 if model:
                     compute("F")
-                t_end = now()
+                t_end = tick()
                 if not last:
-                    give(self.send_f, sf, sf_slot, i, y, t_end)
+                    copyto(sf[i], y)
+                    if model:
+                        sf_slot[i][-1] = t_end
+                    sf_req[i].Start()
             else:  # backward of item i
                 if last:
                     dy = seeds.pop(i)
                 else:
-                    dy = take(self.recv_b, rb, rb_slot, i, "gradient", self.rank + 1)
-                ev_ready[idx] = now()
-                dx = backward_layers(layers, dy, caches.pop(i), params[k], gviews)
+                    if direct:
+                        rb_req[i].Wait()
+                    else:
+                        await_(rb_req[i], i, "gradient", self.rank + 1)
+                    if model:
+                        receive(rb_slot[i][-1], rb_bytes[i])
+                    dy = rb[i]
+                ev_ready[idx] = tick()
+                dx = backward_layers(
+                    layers, dy, caches.pop(i), base if plain else params[k], gviews, need_dx
+                )
                 if input_var:
                     gdelta[r0:r1] += dx
                 if emulate:
                     self._emulate()
                 if model:
                     compute("B")
-                t_end = now()
+                t_end = tick()
                 if not first:
-                    give(self.send_b, sb, sb_slot, i, dx, t_end)
-                left[k] -= 1
-                if left[k] == 0:
-                    del params[k], left[k]
-                    inputs.pop(k, None)
+                    copyto(sb[i], dx)
+                    if model:
+                        sb_slot[i][-1] = t_end
+                    sb_req[i].Start()
+                if not plain:
+                    left[k] -= 1
+                    if left[k] == 0:
+                        del params[k], left[k]
+                        inputs.pop(k, None)
             ev_end[idx] = t_end
         if watch:
             waiter.waitall(
@@ -353,10 +376,23 @@ class Engine:
         else:
             waiter.waitall(self._sends)
         ev[:, EV_WAIT], ev[:, EV_READY], ev[:, EV_END] = ev_wait, ev_ready, ev_end
-        if reduce == "mean":
+        origin = clock.origin
+        if origin != 0.0:  # the wall clock ticks raw perf_counter seconds
+            ev -= origin
+            t_first -= origin
+        if reduce == "mean" and self.samples > 1:
             grad /= self.samples
         comm = self.comm
-        if self.size > 1:
+        if self.size > 1 and self._gather is not None:
+            # one collective: every rank's (−t_first, t_end, losses); the last rank's
+            # losses and the max of each time column are the two collectives' results
+            mine, every = self._gather
+            mine[0], mine[1] = -t_first, ev[-1, EV_END] if len(ev) else t_first
+            mine[2:] = item_losses
+            comm.Allgather([mine, MPI.DOUBLE], [every, MPI.DOUBLE])
+            item_losses[:] = every[-1, 2:]
+            elapsed = every[:, 1].max() + every[:, 0].max()
+        elif self.size > 1:
             comm.Bcast([item_losses, MPI.DOUBLE], root=self.size - 1)
             self._tbuf[0], self._tbuf[1] = -t_first, ev[-1, EV_END] if len(ev) else t_first
             comm.Allreduce(MPI.IN_PLACE, [self._tbuf, MPI.DOUBLE], op=MPI.MAX)
@@ -364,4 +400,4 @@ class Engine:
         else:
             elapsed = (ev[-1, EV_END] if len(ev) else t_first) - t_first
         losses = item_losses.reshape(self.samples, M).sum(axis=1)
-        return OracleResult(losses, item_losses.copy(), grad.copy(), float(elapsed))
+        return OracleResult(losses, item_losses.copy(), grad, float(elapsed))
