@@ -67,3 +67,11 @@ def test_paired_alternates_the_order():
     assert seen == ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert len(times["a"]) == len(times["b"]) == 3
     assert ratios([2.0, 4.0, 9.0], [1.0, 1.0, 3.0]) == pytest.approx(3.0)
+
+
+def test_study_case_times_numerics_and_timing_of_the_simulated_executor(capsys):
+    from hpcpipe.bench.study import bench_study
+
+    assert bench_study([4, 8], 4, 2, 1) == 0
+    out = capsys.readouterr().out
+    assert "timing (ms)" in out and "numerics fused (ms)" in out and "sanity: ok" in out

@@ -515,6 +515,11 @@ def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
         from hpcpipe.bench.simulate import bench_simulate
 
         return bench_simulate(args.repeats)
+    if args.case == "study":
+        from hpcpipe.bench.study import bench_study
+
+        depths = [int(x) for x in (args.depth or "64,512,4096").split(",") if x]
+        return bench_study(depths, 16, int(args.samples.split(",")[0]), args.repeats)
     if not os.environ.get(INSIDE):
         if args.case == "peer":
             import importlib.util
@@ -758,7 +763,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_plot)
 
     s = sub.add_parser("bench", help="benchmark cases that print figures")
-    s.add_argument("case", choices=["pipeline", "dense", "transport", "simulate", "peer"])
+    s.add_argument("case", choices=["pipeline", "dense", "transport", "simulate", "study", "peer"])
     s.add_argument("--port", type=int, default=29517, help="peer: gloo rendezvous port")
     s.add_argument("--width", default="64", help="dense: comma-separated widths")
     s.add_argument("--mb", default="8", help="dense: rows per microbatch")
@@ -774,9 +779,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="transport, pipeline: wait policy (auto: busy when ranks <= cores, else yield)",
     )
     s.add_argument(
-        "--depth", default="", help="pipeline: comma-separated depths (>= ranks; default ranks)"
+        "--depth",
+        default="",
+        help="pipeline: comma-separated depths (>= ranks; default ranks); study: "
+        "depths = stages (default 64,512,4096)",
     )
-    s.add_argument("--samples", default="16", help="comma-separated K")
+    s.add_argument("--samples", default="16", help="comma-separated K (study: the first)")
     s.add_argument("--layer-time", type=float, default=0.01, help="seconds per layer")
     s.add_argument("--schedules", default="gpipe,1f1b")
     s.add_argument("--repeats", type=int, default=5)
