@@ -44,12 +44,17 @@ class Margin(LossHead):
     Minimising it pushes the true-class logit below the best other class
     (an untargeted attack succeeds when ℓ < 0). Subgradient: e_y − e_{j*}
     where the margin is above −κ, 0 where it is clipped.
+
+    ``targeted``: y is the class to reach and ℓ(z, y) = max(max_{j≠y} z_j −
+    z_y, −κ) (Carlini and Wagner 2017, eq. (6) with their f₆); the attack
+    succeeds when ℓ < 0 (y becomes the predicted class). Subgradient
+    e_{j*} − e_y where active.
     """
 
     name = "margin"
 
-    def __init__(self, kappa: float = np.inf):
-        self.kappa = kappa
+    def __init__(self, kappa: float = np.inf, targeted: bool = False):
+        self.kappa, self.sign = kappa, -1.0 if targeted else 1.0
 
     def __call__(self, z, targets, weight):
         rows = np.arange(z.shape[0])
@@ -57,12 +62,12 @@ class Margin(LossHead):
         other = z.copy()
         other[rows, targets] = -np.inf
         j = other.argmax(axis=1)
-        margin = zy - other[rows, j]
+        margin = self.sign * (zy - other[rows, j])
         active = margin > -self.kappa
         loss = np.where(active, margin, -self.kappa).sum()
         dz = np.zeros_like(z)
-        dz[rows[active], targets[active]] = 1.0
-        dz[rows[active], j[active]] -= 1.0
+        dz[rows[active], targets[active]] = self.sign
+        dz[rows[active], j[active]] -= self.sign
         return weight * float(loss), weight * dz
 
 

@@ -88,6 +88,11 @@ class Problem:
         """Figures of the exact evaluation at θ_t beyond f (per-item losses as input)."""
         return {}
 
+    def final_metrics(self, theta0: np.ndarray, theta: np.ndarray) -> dict[str, Any]:
+        """Figures of the whole θ₀ and final θ (gathered on every rank), e.g. a held-out
+        accuracy; stored with the result. None by default (nothing is gathered)."""
+        return {}
+
     def constants(self) -> dict[str, Any]:
         """The known constants, as stored with a result."""
         return {

@@ -216,10 +216,13 @@ class Run:
         return self.penalised(res.loss, theta), res.item_losses
 
     def initial_gap(self) -> None:
-        """f(θ₀) − f*: a study whose ε is above it measures nothing (θ₀ already reaches ε)."""
-        if self.ev is not None and self.prob.f_star is not None:
+        """f(θ₀) (the level a run "ends worse than it started" is judged against) and
+        f(θ₀) − f*: a study whose ε is above it measures nothing (θ₀ already reaches ε)."""
+        if self.ev is not None:
             f0 = self.exact_f(self.eng.initial_point())[0]
-            self.extra["initial_gap"] = float(f0 - self.prob.f_star)
+            self.extra["f_initial"] = float(f0)
+            if self.prob.f_star is not None:
+                self.extra["initial_gap"] = float(f0 - self.prob.f_star)
 
     # ------------------------------------------------------------ the loop
     def iteration(self, it: int) -> str:
@@ -289,6 +292,10 @@ class Run:
         self.progress.update(len(self.rows), last_loss, tally.mtime, force=True)
         self.extra.update(self.prob.info)
         self.extra["iterations_planned"] = self.T
+        if type(self.prob).final_metrics is not Problem.final_metrics:  # gather only if used
+            parts = (self.eng.initial_point(), self.state["theta"])
+            whole = [np.concatenate(comm.allgather(part)) for part in parts]
+            self.extra.update(self.prob.final_metrics(*whole))
         if cfg.output:
             self.flush()
             summary = self.recorder.stage_summary(comm)
