@@ -87,13 +87,13 @@ name = "paper"
 ranks = 2
 [base]
 tag = "paper"
-problem = "attack"
+problem = "attack-targeted"
 depth = 2
 width = 16
-m = 3
-radius = 0.05
+m = 1
+radius = 0.2
 iterations = 100000
-time_budget = 400
+time_budget = 200
 progress = "off"
 [[cases]]
 label = "gd"
@@ -102,14 +102,14 @@ optimizer = "gd"
 label = "pprs-k2"
 optimizer = "pprs"
 samples = 2
-gamma = 0.01
+gamma = 0.05
 [[cases]]
 label = "pprs-k10"
 optimizer = "pprs"
 samples = 10
-gamma = 0.01
+gamma = 0.05
 [grid]
-lr = [1e-3, 1e-5]
+lr = [1e-2, 1e-1]
 """,
 }
 

@@ -72,7 +72,7 @@ class Verdict:
     measured: str
     ok: bool | None  # None: reported, not a bound (e.g. a paper claim)
     files: list[str]
-    kind: str = "bound"  # "bound" rows set the exit status; "claim" rows do not
+    kind: str = "bound"  # "bound" rows set the exit status; "claim" and "design" rows do not
 
     @property
     def word(self) -> str:
@@ -80,6 +80,8 @@ class Verdict:
             return "reported"
         if self.kind == "claim":
             return "reproduced" if self.ok else "not reproduced"
+        if self.kind == "design":  # the study met its own design (reported, not enforced)
+            return "design met" if self.ok else "DESIGN NOT MET"
         return "within bound" if self.ok else "VIOLATED"
 
 

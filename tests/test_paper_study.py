@@ -1,0 +1,191 @@
+"""The paper study on synthetic result records: every claim row can flip, figures = tables."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from hpcpipe.studies import paper
+from hpcpipe.studies.common import Record
+
+RATES = [10.0 ** (-k / 2) for k in range(12, -1, -1)]  # 1e-6 .. 1 in half-decades
+PER_IT = {"GD": 16, "AGD": 16, "PPRS K=2": 18, "PPRS K=10": 34, "PPRS K=100": 214}
+BUDGET = 3000.0
+KAPPA = 1.0
+
+
+def world(method: str) -> dict:
+    """A synthetic landscape where the paper's claims hold.
+
+    Loss f(t) = −κ + (f₀ + κ) exp(−v q t), q = exp(−log10(lr/r*)²): best at r*,
+    oscillating around f₀ (unstable) from ``unstable_from`` upwards.
+    """
+    return {
+        "GD": dict(r=1e-4, v=0.002, unstable_from=1e-3),
+        "AGD": dict(r=1e-5, v=0.003, unstable_from=1e-4),
+        "PPRS K=2": dict(r=1e-3, v=0.004, unstable_from=3e-3),
+        "PPRS K=10": dict(r=1e-2, v=0.02, unstable_from=0.3),
+        "PPRS K=100": dict(r=1e-2, v=0.015, unstable_from=0.3),
+    }[method]
+
+
+def record(method, lr, seed, w=None, diverge=False, depth=8, m=1) -> Record:
+    w = w or world(method)
+    n = int(BUDGET // PER_IT[method]) + 1
+    t = PER_IT[method] * np.arange(1, n + 1, dtype=float)
+    f0 = 5.0 + 0.1 * seed
+    q = math.exp(-(math.log10(lr / w["r"]) ** 2))
+    f = -KAPPA + (f0 + KAPPA) * np.exp(-w["v"] * q * t * (1 + 0.05 * seed))
+    if lr >= w["unstable_from"] * (1 - 1e-9):
+        f = f0 + 2.0 * (-1.0) ** np.arange(n)  # bounded, but bouncing: unstable
+    status = "complete"
+    if diverge:
+        f[n // 2 :] = np.nan
+        status = "diverged"
+    samples = int(method.split("=")[1]) if method.startswith("PPRS") else 1
+    opt = "pprs" if samples > 1 else method.lower()
+    return Record(
+        file=f"{method}-{lr:.3g}-{seed}-{depth}-{m}.h5".replace(" ", "_"),
+        config=dict(
+            tag="paper",
+            problem="attack-targeted",
+            depth=depth,
+            m=m,
+            lr=lr,
+            seed=seed,
+            optimizer=opt,
+            time_budget=BUDGET,
+            iterations=100000,
+        ),
+        method={"samples": samples},
+        problem={},
+        status=status,
+        it={"iteration": np.arange(1, n + 1.0), "f": f, "loss": f, "pipeline_time": t},
+        n_ranks=1,
+        info={"f_initial": f0, "kappa": KAPPA, "attack_success": float(f[-1] < 0)},
+    )
+
+
+def records(rates=RATES, seeds=range(5), **plant):
+    out = []
+    for meth in paper.METHODS:
+        for lr in rates:
+            for seed in seeds:
+                out.append(plant.get("make", record)(meth, lr, seed))
+    return out
+
+
+def rows(res) -> dict:
+    return {v.claim.split(": ", 1)[1]: v for v in res.verdicts}
+
+
+FASTER = "PPRS K=10 reaches the per-instance target faster than GD (each at its best rate)"
+STABLE = "PPRS K>=10 is stable at r1 (no unstable seed) in every setting"
+K2 = "PPRS K=2 is unstable at r1 (at least half the seeds) in every setting"
+GD_SLOW = "GD needs a smaller rate: best rate <= r1/10 in every setting"
+INSIDE = "every method's best rate is strictly inside the rate grid"
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    out = tmp_path_factory.mktemp("paper")
+    return paper.study(records(), out), out
+
+
+def test_claims_hold_on_a_world_where_they_hold(good):
+    res, _ = good
+    r = rows(res)
+    for claim in (FASTER, STABLE, K2, GD_SLOW):
+        assert r[claim].ok is True and r[claim].word == "reproduced", (claim, r[claim].measured)
+    assert r[INSIDE].ok and r[INSIDE].word == "design met"
+    assert "5 faster / 0 slower" in r[FASTER].measured
+
+
+def test_instability_can_happen_on_a_bounded_loss():
+    f0 = 5.0
+    steady = np.linspace(5, -1, 40)
+    assert paper.instability(steady, f0, -1.0, False) == ""
+    bounce = np.concatenate([steady[:30], -1 + 3 * (np.arange(10) % 2)])
+    assert paper.instability(bounce, f0, -1.0, False) == "oscillates"
+    assert paper.instability(np.array([4.0, 5.5]), f0, -1.0, False) == "ends above f(theta0)"
+    assert paper.instability(np.array([4.0, np.nan]), f0, -1.0, False) == "diverged"
+
+
+def test_stalled_pprs_flips_the_faster_row(tmp_path):
+    def make(meth, lr, seed):
+        w = world(meth)
+        if meth == "PPRS K=10":
+            w = dict(w, v=w["v"] / 50)  # stalls: barely moves in the budget
+        return record(meth, lr, seed, w)
+
+    r = rows(paper.study(records(make=make), tmp_path, figures=False))
+    assert r[FASTER].ok is False and r[FASTER].word == "not reproduced"
+
+
+def test_diverging_run_at_r1_flips_the_stability_row(tmp_path):
+    def make(meth, lr, seed):
+        return record(meth, lr, seed, diverge=meth == "PPRS K=100" and lr == 1e-2 and seed == 3)
+
+    r = rows(paper.study(records(make=make), tmp_path, figures=False))
+    assert r[STABLE].ok is False and "PPRS K=100: 1/5 unstable" in r[STABLE].measured
+
+
+def test_stable_k2_flips_the_k2_row(tmp_path):
+    def make(meth, lr, seed):
+        w = world(meth)
+        if meth == "PPRS K=2":
+            w = dict(w, unstable_from=10.0)
+        return record(meth, lr, seed, w)
+
+    r = rows(paper.study(records(make=make), tmp_path, figures=False))
+    assert r[K2].ok is False
+
+
+def test_gd_at_pprs_rate_flips_the_smaller_rate_row(tmp_path):
+    def make(meth, lr, seed):
+        w = world(meth)
+        if meth == "GD":
+            w = dict(w, r=1e-2, unstable_from=0.3)
+        return record(meth, lr, seed, w)
+
+    r = rows(paper.study(records(make=make), tmp_path, figures=False))
+    assert r[GD_SLOW].ok is False
+
+
+def test_best_rate_at_the_grid_edge_is_reported(tmp_path):
+    r = rows(
+        paper.study(records(rates=RATES[4:]), tmp_path, figures=False)
+    )  # AGD's best (1e-5) cut off
+    assert r[INSIDE].ok is False and "AGD" in r[INSIDE].measured
+
+
+def test_paired_statistics_are_scipy_s():
+    p = paper.paired([1, 1, 1, 1, 1], [2, 2, 2, 2, 2], [10] * 5)
+    assert (p.wins, p.losses, p.ties) == (5, 0, 0)
+    assert p.sign_p == pytest.approx(1 / 32) and p.wilcoxon_p == pytest.approx(1 / 32)
+    assert p.faster
+    q = paper.paired([1, 3, 1, 3, 1], [2, 2, 2, 2, 2], [10] * 5)
+    assert (q.wins, q.losses) == (3, 2) and not q.faster
+    never = paper.paired([math.inf] * 5, [2] * 5, [10] * 5)  # censored: never reached
+    assert never.losses == 5 and never.median_ratio == pytest.approx(2 / 20)
+
+
+def test_figures_and_tables_are_built_from_the_same_numbers(good):
+    res, out = good
+    best = next(t for t in res.tables if t[0].startswith("attack: best rate"))
+    stab = next(t for t in res.tables if t[0].startswith("attack: stability map"))
+    data = json.loads((out / "paper_attack_figures.json").read_text())
+    assert {"paper_attack_curves.png", "paper_attack_stability.png"} <= set(res.figures)
+    for setting, meth, lr, _, final, *rest in best[2]:
+        c = data[setting]["curves"][meth]
+        assert c["lr"] == lr
+        assert c["median"][-1] == pytest.approx(final, abs=1e-12)  # the curve ends on the table
+    cells = {(c["method"], c["lr"]): c for s in data.values() for c in s["map"]}
+    assert len(cells) == len(stab[2])
+    for _, meth, lr, seeds, final, unstable, *_ in stab[2]:
+        c = cells[(meth, lr)]
+        assert (c["seeds"], c["unstable"]) == (seeds, unstable)
+        assert (c["final"] is None and not math.isfinite(final)) or c["final"] == final
+    for png in res.figures:
+        assert (out / png).stat().st_size > 5000
