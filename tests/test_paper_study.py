@@ -177,7 +177,7 @@ def test_figures_and_tables_are_built_from_the_same_numbers(good):
     stab = next(t for t in res.tables if t[0].startswith("attack: stability map"))
     data = json.loads((out / "paper_attack_figures.json").read_text())
     assert {"paper_attack_curves.png", "paper_attack_stability.png"} <= set(res.figures)
-    for setting, meth, lr, _, final, *rest in best[2]:
+    for setting, meth, lr, _, final, *_ in best[2]:
         c = data[setting]["curves"][meth]
         assert c["lr"] == lr
         assert c["median"][-1] == pytest.approx(final, abs=1e-12)  # the curve ends on the table
