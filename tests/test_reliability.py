@@ -288,7 +288,15 @@ def test_shipped_configs_and_sweeps_validate(tmp_path):
     validate(cfg, 4)
     assert cfg.problem == "attack" and cfg.optimizer == "pprs"
     sweeps = sorted((root / "jobs" / "sweeps").glob("*.toml"))
-    assert {s.stem for s in sweeps} == {"pipeline-time", "depth", "dimension", "smooth", "paper"}
+    assert {s.stem for s in sweeps} == {
+        "pipeline-time",
+        "depth",
+        "dimension",
+        "smooth",
+        "paper",
+        "paper-fgsm",
+        "paper-fewshot",
+    }
     for s in sweeps:
         sw = load_sweep(s, out=str(tmp_path / s.stem))
         assert len(sw.points) >= 9, s
