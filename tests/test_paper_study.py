@@ -189,3 +189,24 @@ def test_figures_and_tables_are_built_from_the_same_numbers(good):
         assert (c["final"] is None and not math.isfinite(final)) or c["final"] == final
     for png in res.figures:
         assert (out / png).stat().st_size > 5000
+
+
+def test_mpi_spot_check_row_fails_on_a_different_run(tmp_path):
+    def pair(shift=0.0, slower=1.0):
+        sim = record("GD", 1e-2, 0)
+        sim.config["executor"] = "simulated"
+        mpi = record("GD", 1e-2, 0)
+        mpi.config["executor"] = "mpi"
+        mpi.file = "mpi-" + mpi.file
+        mpi.it = dict(mpi.it, f=mpi.it["f"] + shift, pipeline_time=mpi.it["pipeline_time"] * slower)
+        return [sim, mpi]
+
+    def row(recs):
+        res = paper.study(recs, tmp_path, figures=False)
+        return next(v for v in res.verdicts if v.claim.startswith("consistency check"))
+
+    base = [r for r in records() if not (r.config["lr"] == 1e-2 and r.config["seed"] == 0)]
+    good = row(base + pair())
+    assert good.ok and good.kind == "bound" and "1 pairs" in good.measured
+    assert row(base + pair(shift=1e-6)).ok is False
+    assert row(base + pair(slower=1.0 + 1e-15)).ok is False

@@ -290,11 +290,19 @@ def study(records, outdir: Path, figures: bool = True) -> StudyResult:
     recs = [r for r in records if r.config.get("tag") == NAME]
     if not recs:
         return res
+    recs, spot = split_spot_checks(recs)
     fgsm = [r for r in recs if r.config["problem"] != "fewshot" and is_fgsm(r)]
     by = defaultdict(list)
     for r in recs:
         if not (r.config["problem"] != "fewshot" and is_fgsm(r)):
             by[setting_of(r)].append(to_run(r))
+    executors = sorted({str(r.config.get("executor", "mpi")) for r in recs})
+    res.notes.append(
+        f"executor of the analysed runs: {', '.join(executors)} ({len(recs)} runs); "
+        f"MPI spot checks of the same configurations: {len(spot)}"
+    )
+    if spot:
+        _spot_checks(res, spot)
     settings = [build_setting(name, runs) for name, runs in sorted(by.items())]
     res.notes.append(
         f"unstable: loss not finite, final loss above f(theta0), or a move of more than "
@@ -312,6 +320,100 @@ def study(records, outdir: Path, figures: bool = True) -> StudyResult:
     if fgsm:
         _fgsm(res, settings, fgsm)
     return res
+
+
+# settings that do not change what a run computes
+NOT_NUMERICS = {
+    "executor",
+    "stages",
+    "output",
+    "progress",
+    "wait",
+    "timeout",
+    "flush_every",
+    "timeline_limit",
+    "timeline_every",
+    "command",
+}
+SPOT_TOL = 1e-9  # |f_mpi − f_simulated| <= SPOT_TOL · max(1, |f|) at every iterate
+
+
+def numerics_key(r) -> str:
+    return json.dumps({k: v for k, v in r.config.items() if k not in NOT_NUMERICS}, sort_keys=True)
+
+
+def split_spot_checks(recs) -> tuple[list, list]:
+    """(runs to analyse, MPI spot checks): an MPI run whose configuration also ran simulated
+    is a spot check (the pair is compared); the simulated one is analysed."""
+    pairs = {numerics_key(r): r for r in recs if r.config.get("executor") == "simulated"}
+    spot = [
+        (r, pairs[numerics_key(r)])
+        for r in recs
+        if r.config.get("executor") != "simulated" and numerics_key(r) in pairs
+    ]
+    ids = {id(r) for r, _ in spot}
+    return [r for r in recs if id(r) not in ids], spot
+
+
+def spot_difference(mpi, sim) -> tuple[float, bool, int]:
+    """(largest relative loss difference, pipeline times identical, iterates compared)."""
+    fa, fb = np.asarray(mpi.it["f"], float), np.asarray(sim.it["f"], float)
+    ta, tb = np.asarray(mpi.it["pipeline_time"]), np.asarray(sim.it["pipeline_time"])
+    if fa.shape != fb.shape:
+        return math.inf, False, min(fa.size, fb.size)
+    ok = np.isfinite(fa) & np.isfinite(fb)
+    rel = np.abs(fa - fb)[ok] / np.maximum(1.0, np.abs(fb[ok]))
+    same_nan = bool(np.array_equal(np.isfinite(fa), np.isfinite(fb)))
+    err = float(rel.max()) if rel.size else 0.0
+    return (err if same_nan else math.inf), bool(np.array_equal(ta, tb)), int(fa.size)
+
+
+def _spot_checks(res: StudyResult, spot) -> None:
+    rows, worst, times_ok = [], 0.0, True
+    for mpi, sim in spot:
+        err, same_t, n = spot_difference(mpi, sim)
+        worst, times_ok = max(worst, err), times_ok and same_t
+        rows.append(
+            [
+                setting_of(sim),
+                method_name(sim),
+                sim.config["lr"],
+                sim.config["seed"],
+                n,
+                err,
+                "identical" if same_t else "DIFFER",
+                mpi.file,
+                sim.file,
+            ]
+        )
+    res.tables.append(
+        (
+            "MPI spot checks against the simulated pipeline (same configuration)",
+            [
+                "setting",
+                "method",
+                "lr",
+                "seed",
+                "iterates",
+                "max rel. loss diff",
+                "pipeline times",
+                "MPI file",
+                "simulated file",
+            ],
+            rows,
+        )
+    )
+    res.verdicts.append(
+        Verdict(
+            NAME,
+            "consistency check: MPI runs equal the simulated runs of the same configuration",
+            f"loss <= {SPOT_TOL:g} relative, pipeline time identical",
+            f"{len(spot)} pairs, max rel. loss difference {worst:.3g}, pipeline times "
+            + ("identical" if times_ok else "DIFFER"),
+            worst <= SPOT_TOL and times_ok,
+            sorted(f for m, s_ in spot for f in (m.file, s_.file)),
+        )
+    )
 
 
 def _fmt_rate(lr: float | None) -> str:
@@ -658,7 +760,7 @@ def _figures(res: StudyResult, kind: str, group: list[Setting], outdir: Path) ->
             if c["lr"] == s.best[c["method"]]:
                 label += "*"
             if label:
-                ax.text(j, i, label, ha="center", va="center", fontsize=7, color="k")
+                ax.text(j, i, label, ha="center", va="center", fontsize=8, color="w")
         f0 = _median([r.f0 for g in s.cell.values() for r in g])
         im = ax.imshow(z, aspect="auto", cmap="viridis", vmax=f0, origin="upper")
         ax.set_yticks(range(len(meths)), meths, fontsize=7)
