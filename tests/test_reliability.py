@@ -296,6 +296,7 @@ def test_shipped_configs_and_sweeps_validate(tmp_path):
         "paper",
         "paper-fgsm",
         "paper-fewshot",
+        "paper-mpi",
     }
     for s in sweeps:
         sw = load_sweep(s, out=str(tmp_path / s.stem))
