@@ -210,3 +210,20 @@ def test_mpi_spot_check_row_fails_on_a_different_run(tmp_path):
     assert good.ok and good.kind == "bound" and "1 pairs" in good.measured
     assert row(base + pair(shift=1e-6)).ok is False
     assert row(base + pair(slower=1.0 + 1e-15)).ok is False
+
+
+def test_baseline_that_solves_the_attack_fails_the_design_row(tmp_path):
+    def baseline(success, iterations):
+        r = record("GD", 1e6, 0)
+        r.config["iterations"] = iterations
+        r.info["attack_success"] = success
+        r.file = f"baseline-{iterations}.h5"
+        return r
+
+    def row(recs):
+        res = paper.study(recs, tmp_path, figures=False)
+        return next(v for v in res.verdicts if "not solved by FGSM" in v.claim)
+
+    assert row(records() + [baseline(0.0, 1), baseline(0.0, 10)]).ok
+    assert row(records() + [baseline(0.0, 1), baseline(1.0, 10)]).ok is False
+    assert row(records() + [baseline(1.0, 1)]).ok is False

@@ -633,7 +633,7 @@ def _fgsm(res: StudyResult, settings: list[Setting], fgsm) -> None:
             if few
             else math.nan
         )
-        worst = max(worst, fg if not math.isnan(fg) else 0.0)
+        worst = max(worst, *(x for x in (fg, fw) if not math.isnan(x)), 0.0)
         rows.append(
             [
                 s.name,
@@ -663,9 +663,11 @@ def _fgsm(res: StudyResult, settings: list[Setting], fgsm) -> None:
         res.verdicts.append(
             Verdict(
                 NAME,
-                "attack: the instance is not solved by FGSM (< 50% of images in every setting)",
+                f"attack: the instance is not solved by FGSM or {FEW_STEPS} GD steps "
+                "(< 50% of images in every setting)",
                 "design",
-                f"largest FGSM success {worst:.3g}",
+                "largest baseline success "
+                + ", ".join(f"{r[0]}: {max(r[1], r[2]):.3g}" for r in rows),
                 worst < 0.5,
                 sorted(files),
                 kind="design",
