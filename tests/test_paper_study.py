@@ -208,7 +208,7 @@ def test_mpi_spot_check_row_fails_on_a_different_run(tmp_path):
     base = [r for r in records() if not (r.config["lr"] == 1e-2 and r.config["seed"] == 0)]
     good = row(base + pair())
     assert good.ok and good.kind == "bound" and "1 pairs" in good.measured
-    assert row(base + pair(shift=1e-6)).ok is False
+    assert row(base + pair(shift=1e-10)).ok is False
     assert row(base + pair(slower=1.0 + 1e-15)).ok is False
 
 
