@@ -147,7 +147,8 @@ def _coerce(name: str, value):
     typ = f.type if isinstance(f.type, type) else {"int": int, "float": float, "str": str}[f.type]
     if typ is int:
         if isinstance(value, bool) or not (
-            isinstance(value, int) or (isinstance(value, str) and value.lstrip("-").isdigit())
+            isinstance(value, int)
+            or (isinstance(value, str) and value.isascii() and value.lstrip("-").isdigit())
         ):
             raise ConfigError(f"{name}: expected an integer, got {value!r}")
         return int(value)
