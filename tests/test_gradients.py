@@ -89,9 +89,26 @@ def test_loss_head_gradients(head):
     assert rel_err(dz, fd_grad(lambda: h(z, t, w)[0], z)) < TOL
 
 
+@pytest.mark.parametrize(("head", "args"), [("max", {"k": 3}), ("pinball", {"tau": 0.3})])
+def test_loss_head_gradients_with_arguments(head, args):
+    rng = np.random.default_rng(4)
+    z, t = rng.standard_normal((6, 5)), rng.standard_normal((6, 5))
+    h = make_head(head, **args)
+    loss, dz = h(z, t, 0.5)
+    assert rel_err(dz, fd_grad(lambda: h(z, t, 0.5)[0], z)) < TOL
+    if head == "max":  # the subgradient never leaves the first k coordinates
+        assert np.all(dz[:, 3:] == 0) and np.all(dz.sum(1) == 0.5)
+
+
 def test_loss_head_values():
     z = np.array([[1.0, 3.0, 2.0]])
     assert make_head("max")(z, None, 1.0)[0] == 3.0
+    assert make_head("max", k=1)(z, None, 1.0)[0] == 1.0
+    pin = make_head("pinball", tau=0.75, scale=1.0)(z, np.full((1, 3), 2.0), 1.0)
+    np.testing.assert_allclose(pin[0], 0.25 * 1.0 + 0.0 + 0.75 * 1.0)
+    np.testing.assert_allclose(pin[1], [[-0.25, 0.75, 0.0]])
+    with pytest.raises(ValueError, match="tau must be in"):
+        make_head("pinball", tau=1.0)
     assert make_head("margin")(z, np.array([0]), 1.0)[0] == -2.0
     assert make_head("margin", kappa=1.0)(z, np.array([0]), 1.0)[0] == -1.0
     np.testing.assert_allclose(make_head("abs")(z, np.zeros((1, 3)), 1.0)[0], 6 / np.sqrt(3))

@@ -107,16 +107,55 @@ class SquaredResidual(LossHead):
 
 
 class MaxHead(LossHead):
-    """ℓ(z) = max_j z_j (targets ignored); subgradient e_{argmax}."""
+    """ℓ(z) = max_{j<k} z_j (targets ignored); subgradient e_{j*}, j* the first maximiser.
+
+    ``k`` defaults to all c coordinates. With k < c the head is Nesterov's
+    max over the first k coordinates only (Nesterov 2004, §3.2.1).
+    """
 
     name = "max"
 
+    def __init__(self, k: int | None = None):
+        if k is not None and k < 1:
+            raise ValueError(f"max head: k must be >= 1, got {k}")
+        self.k = k
+
     def __call__(self, z, targets, weight):
         rows = np.arange(z.shape[0])
-        j = z.argmax(axis=1)
+        j = z[:, : self.k].argmax(axis=1)
         dz = np.zeros_like(z)
         dz[rows, j] = weight
         return weight * float(z[rows, j].sum()), dz
+
+
+class PinballResidual(LossHead):
+    """ℓ(z, b) = scale · Σ_j ρ_τ(z_j − b_j), ρ_τ(r) = τ·max(r, 0) + (1 − τ)·max(−r, 0).
+
+    The asymmetric absolute value (quantile loss), convex, minimised at z = b.
+    Subgradient: scale·(τ·[r > 0] − (1 − τ)·[r < 0]) (0 at r = 0, which lies in
+    [−(1 − τ), τ]). Each coordinate of it is at most max(τ, 1 − τ) in absolute
+    value, so the default scale = 1/(max(τ, 1 − τ)·√c) makes the head
+    1-Lipschitz in ℓ2. Its Gaussian smoothing is biased for τ ≠ 1/2: see
+    ``hpcpipe.problems.worstcase.pinball_chain``.
+    """
+
+    name = "pinball"
+
+    def __init__(self, tau: float = 0.75, scale: float | None = None):
+        if not 0.0 < tau < 1.0:
+            raise ValueError(f"pinball head: tau must be in (0, 1), got {tau}")
+        self.tau, self.scale = float(tau), scale
+
+    def default_scale(self, c: int) -> float:
+        return 1.0 / (max(self.tau, 1.0 - self.tau) * np.sqrt(c))
+
+    def __call__(self, z, targets, weight):
+        scale = self.scale if self.scale is not None else self.default_scale(z.shape[1])
+        r = z - targets
+        pos, neg = np.maximum(r, 0.0), np.maximum(-r, 0.0)
+        loss = float((self.tau * pos + (1.0 - self.tau) * neg).sum())
+        dz = np.where(r > 0, self.tau, np.where(r < 0, self.tau - 1.0, 0.0))
+        return weight * scale * loss, (weight * scale) * dz
 
 
 class TridiagQuadratic(LossHead):
@@ -155,6 +194,7 @@ HEADS = {
     "abs": AbsResidual,
     "squared": SquaredResidual,
     "max": MaxHead,
+    "pinball": PinballResidual,
     "tridiag": TridiagQuadratic,
 }
 

@@ -9,7 +9,9 @@ iteration at the point y_t:
          μ_t = (t − 1)/(t + 2) (``momentum="nesterov"``) or a constant.
 * PPRS:  AGD where g(y_t) = (1/K) Σ_k ∇f(y_t + γ Z_k) is the K-sample
          estimate of ∇f_γ(y_t), the K samples pushed through the pipeline in
-         one call (Colin et al. 2019, Alg. 1).
+         one call (Colin et al. 2019, Alg. 1); or, with ``momentum="acsa"``
+         (what theory mode runs), AC-SA's three-sequence update with the bound
+         proven in ``hpcpipe.optim.acsa``.
 
 The extrapolated point is projected as well, so every evaluation point is
 feasible (the attack's images stay valid).
@@ -24,6 +26,7 @@ from typing import ClassVar
 import numpy as np
 
 from hpcpipe.errors import need
+from hpcpipe.optim.acsa import acsa_init, acsa_plan, acsa_point, acsa_update
 from hpcpipe.optim.base import Optimizer, OptState, Projection, Settings
 
 
@@ -99,10 +102,32 @@ class AGD(Optimizer):
 
 @dataclass
 class PPRS(AGD):
-    """AGD on the K-sample estimate of ∇f_γ (Colin et al. 2019, Alg. 1)."""
+    """AGD on the K-sample estimate of ∇f_γ (Colin et al. 2019, Alg. 1).
+
+    With ``momentum="acsa"`` (what theory mode runs) the rule is AC-SA's
+    three-sequence update (``hpcpipe.optim.acsa``, base step ``lr`` = η, state
+    x̄ = θ, x and t), for which that module proves the final-iterate bound.
+    """
 
     name: ClassVar[str] = "pprs"
     smoothing: ClassVar[bool] = True
+
+    def init(self, theta0: np.ndarray, project: Projection) -> OptState:
+        if self.momentum == "acsa":
+            return acsa_init(theta0, project)
+        return super().init(theta0, project)
+
+    def point(self, state: OptState, project: Projection) -> np.ndarray:
+        if self.momentum == "acsa":
+            return acsa_point(state)
+        return super().point(state, project)
+
+    def update(
+        self, state: OptState, y: np.ndarray, grad: np.ndarray, project: Projection
+    ) -> OptState:
+        if self.momentum == "acsa":
+            return acsa_update(state, grad, self.lr, project)
+        return super().update(state, y, grad, project)
 
 
 @dataclass
@@ -125,13 +150,12 @@ def theory_plan(
       RL/√T at η = R/(L√T) (Nesterov 2004, Thm 3.2.2); T = ⌈(RL/ε)²⌉.
     * AGD: the same η and T with momentum (t−1)/(t+2). No guarantee for
       non-smooth f; measured, not claimed.
-    * PPRS: f_γ is (L/γ)-smooth with f ≤ f_γ ≤ f + γL√d, and the K-sample
-      gradient has variance ≤ L²/K. An accelerated stochastic method (AC-SA,
-      Lan 2012, Cor. 1, constants rounded up to 4) gives
-      E f(θ_T) − f* ≤ 4LR²/(γT²) + 4LR/√(KT) + γL√d. With γ = 2R d^(−1/4)/T
-      the first and last terms sum to 4LR d^(1/4)/T ≤ ε/2 for
-      T = ⌈8LR d^(1/4)/ε⌉, and the middle one is ≤ ε/2 for K = ⌈64(LR/ε)²/T⌉.
-      Step η = γ/(2L) = 1/(2·smoothness of f_γ). Pipeline time
+    * PPRS: AC-SA's three-sequence update on f_γ (``hpcpipe.optim.acsa``,
+      momentum "acsa"), with the theorem proven there for that update:
+      E f(θ_T) − f* ≤ R²/(ηT(T+1)) + ηL²(2T+1)/(3K) + γL√d at the final
+      iterate, for η ≤ γ/(4L). ``acsa_plan`` derives T = ⌈8LR d^(1/4)/ε⌉,
+      γ = 2R d^(−1/4)/T, K = ⌈16(LR/ε)²(2T+1)/(3T(T+1))⌉ and
+      η = min(γ/(4L), η_σ) from it, which make the bound ≤ ε. Pipeline time
       T·(K·m + Δ − 1) = O((RL/ε)² + (RL/ε)·Δ·d^(1/4)).
 
     Smooth (β-smooth convex): AGD with η = 1/β, f(θ_T) − f* ≤ 2βR²/(T+1)²
@@ -160,9 +184,10 @@ def theory_plan(
         g = f"min f-f* <= RL/sqrt(T) = {R * L / math.sqrt(T):.3g}" if name == "gd" else "none"
         return Plan(GD(eta) if name == "gd" else AGD(eta), T, g)
     if name == "pprs":
-        T = math.ceil(8 * L * R * d**0.25 / eps)
-        gamma = 2 * R * d**-0.25 / T
-        K = max(1, math.ceil(64 * (L * R / eps) ** 2 / T))
-        bound = 4 * L * R * d**0.25 / T + 4 * L * R / math.sqrt(K * T)
-        return Plan(PPRS(gamma / (2 * L), gamma, K), T, f"E f-f* <= {bound:.3g}")
+        p = acsa_plan(eps, L, R, d)
+        return Plan(
+            PPRS(p.eta, p.gamma, p.samples, momentum="acsa"),
+            p.iterations,
+            f"E f(theta_T)-f* <= {p.bound:.3g} (final iterate)",
+        )
     raise ValueError(f"optimizer {name!r} has no theory rule: choose gd, agd or pprs")
