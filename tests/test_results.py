@@ -202,7 +202,7 @@ def test_chrome_trace_structure_and_gantt_png(tmp_path):
     evs = obj["traceEvents"]
     meta = [e for e in evs if e["ph"] == "M"]
     xs = [e for e in evs if e["ph"] == "X"]
-    assert {e["name"] for e in meta} == {"process_name", "thread_name"}
+    assert {e["name"] for e in meta} == {"process_name", "process_sort_index", "thread_name"}
     acts = [e for e in xs if e["cat"] in ("F", "B")]
     assert len(acts) == len(r.timeline["end"])
     for e in xs:

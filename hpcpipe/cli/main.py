@@ -397,7 +397,7 @@ def cmd_simulate(args) -> int:
             gantt_rows(res),
             args.plot,
             f"{args.schedule}, S={args.stages}, n={args.items} (simulated)",
-            "model units",
+            "τ, model time unit",
         )
         print(f"wrote {args.plot}")
     return 0
@@ -478,8 +478,13 @@ def cmd_trace(args) -> int:
             print(f"hpcpipe: {it}", file=sys.stderr)
             return 2
         its = [it]
-    n = write_trace(r.timeline, args.output, str(r.attrs.get("clock", "wall")), its)
-    print(f"wrote {n} trace events to {args.output} (open in ui.perfetto.dev)")
+    clock = str(r.attrs.get("clock", "wall"))
+    flush_every = int(r.config.get("flush_every", 0))
+    n = write_trace(r.timeline, args.output, clock, its, r.iterations, flush_every)
+    unit = "1 us drawn = 1 tau" if clock == "model" else "wall-clock time"
+    print(
+        f"wrote {n} trace events to {args.output} ({clock} clock, {unit}; open in ui.perfetto.dev)"
+    )
     return 0
 
 
@@ -502,7 +507,7 @@ def cmd_plot(args) -> int:
         timeline_rows(r.timeline, it),
         args.output,
         f"{Path(args.result).name}: iteration {it} ({clock} clock)",
-        "model units" if clock == "model" else "s",
+        "τ, model time unit" if clock == "model" else "s",
     )
     print(f"wrote {args.output}")
     return 0

@@ -1,9 +1,22 @@
 """Pictures of a timeline: Chrome trace events (Perfetto) and a Gantt PNG.
 
-Chrome trace event format: complete events ``{"ph": "X", "ts", "dur"}`` in
-microseconds, one process per rank and one thread per stage, named with
-metadata events, so chrome://tracing and ui.perfetto.dev show one row per
-stage.
+Chrome trace event format (JSON, timestamps in microseconds):
+
+* one process per rank, with one track per stage named ``rank r · stage s``;
+  a complete event (``"ph": "X"``) per action (``F3``: forward of item 3) and
+  per receive wait before it;
+* a process ``optimizer`` with a track of iteration slices (one per recorded
+  oracle call) and instant events (``"ph": "i"``) for the optimizer steps and
+  for the HDF5 flushes;
+* a flow arrow (``"ph": "s"`` at the sender's action, ``"ph": "f"`` at the
+  receiver's) for each message between neighbouring stages: an activation
+  forward, a gradient backward.
+
+Iterations are laid end to end on the run's clock. On the model clock each
+oracle call's times start at 0, so iteration t is shifted by the cumulative
+pipeline time of the iterations before it (the ``pipeline_time`` column),
+and one τ is drawn as one µs. On the wall clock the recorded seconds are
+already on one time line (from the engine's start) and are drawn as they are.
 """
 
 from __future__ import annotations
@@ -13,33 +26,94 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcpipe.pipeline.schedules import Kind
+KIND_NAMES = ("F", "B")  # timeline ``kind``: 0 = forward, 1 = backward
+COLORS = {"F": "#4c72b0", "B": "#dd8452"}
+
+
+def time_unit(clock: str) -> tuple[float, str]:
+    """(microseconds per recorded unit, what one trace microsecond means)."""
+    if clock == "model":
+        return 1.0, "1 us = 1 tau (model time unit)"
+    return 1e6, "1 us = 1 us of wall-clock time"
+
+
+def iteration_offsets(
+    timeline: dict[str, np.ndarray], clock: str, iterations: dict[str, np.ndarray] | None
+) -> dict[int, float]:
+    """Start of each recorded iteration on one time line (in the timeline's units).
+
+    Model clock: the cumulative pipeline time before the iteration, from the
+    per-iteration table when it has the row, else right after the previous
+    recorded iteration. Wall clock: 0 (times already share one origin), unless
+    an iteration would start before the previous one ended (a resumed run's new
+    engine starts its clock again), which then follows it.
+    """
+    its = np.unique(timeline["iteration"]).astype(int)
+    before = {}
+    if clock == "model" and iterations is not None and len(iterations.get("iteration", [])):
+        cum = np.asarray(iterations["pipeline_time"], float)
+        rows = np.asarray(iterations["iteration"]).astype(int)
+        prev = np.concatenate([[0.0], cum[:-1]])
+        before = dict(zip(rows.tolist(), prev.tolist()))
+    out, end_prev = {}, -np.inf
+    for it in its.tolist():
+        m = timeline["iteration"] == it
+        lo, hi = float(timeline["wait"][m].min()), float(timeline["end"][m].max())
+        if clock == "model":
+            off = before.get(it, max(end_prev, 0.0))
+        else:
+            off = 0.0
+        if lo + off < end_prev:  # never on top of the previous iteration
+            off = end_prev - lo
+        out[it] = off
+        end_prev = hi + off
+    return out
 
 
 def chrome_trace(
-    timeline: dict[str, np.ndarray], clock: str = "wall", iterations: list[int] | None = None
+    timeline: dict[str, np.ndarray],
+    clock: str = "wall",
+    iterations: list[int] | None = None,
+    table: dict[str, np.ndarray] | None = None,
+    flush_every: int = 0,
 ) -> dict:
-    """Trace-event JSON object of the recorded actions (and their receive waits)."""
+    """Trace-event JSON object of the recorded actions, waits, messages, steps and flushes.
+
+    ``table``: the result's per-iteration columns (for the model clock's
+    cumulative time); ``flush_every``: the run's flush period (instant events).
+    """
     sel = np.ones(len(timeline["end"]), dtype=bool)
     if iterations is not None:
         sel = np.isin(timeline["iteration"], iterations)
-    scale = 1e6  # seconds (or model units) -> microseconds
-    events = []
-    ranks = sorted(set(timeline["rank"][sel].tolist()))
+    tl = {k: np.asarray(v)[sel] for k, v in timeline.items()}
+    scale, unit = time_unit(clock)
+    offsets = iteration_offsets(tl, clock, table) if len(tl["end"]) else {}
+    ranks = sorted(set(tl["rank"].tolist()))
+    run_pid = (max(ranks) + 1) if ranks else 0
+    events: list[dict] = []
+
+    def meta(name: str, pid: int, tid: int, value) -> None:
+        events.append({"name": name, "ph": "M", "pid": pid, "tid": tid, "args": value})
+
     for r in ranks:
-        events.append(
-            {"name": "process_name", "ph": "M", "pid": r, "tid": r, "args": {"name": f"rank {r}"}}
-        )
-        events.append(
-            {"name": "thread_name", "ph": "M", "pid": r, "tid": r, "args": {"name": f"stage {r}"}}
-        )
-    for idx in np.flatnonzero(sel):
-        r = int(timeline["rank"][idx])
-        s = int(timeline["stage"][idx])
-        kind = Kind(int(timeline["kind"][idx])).letter
-        item, it = int(timeline["item"][idx]), int(timeline["iteration"][idx])
-        w, st, en = (float(timeline[k][idx]) for k in ("wait", "start", "end"))
-        args = {"iteration": it, "item": item, "clock": clock}
+        stages = sorted(set(tl["stage"][tl["rank"] == r].tolist()))
+        meta("process_name", r, 0, {"name": f"rank {r}"})
+        meta("process_sort_index", r, 0, {"sort_index": r})
+        for s in stages:
+            meta("thread_name", r, s, {"name": f"rank {r} · stage {s}"})
+    meta("process_name", run_pid, 0, {"name": f"optimizer ({unit})"})
+    meta("process_sort_index", run_pid, 0, {"sort_index": -1})
+    meta("thread_name", run_pid, 0, {"name": "iterations"})
+    meta("thread_name", run_pid, 1, {"name": "optimizer steps and flushes"})
+
+    shifted = {}  # (iteration, stage, kind, item) -> (pid, tid, ts) of the compute slice
+    for idx in range(len(tl["end"])):
+        r, s = int(tl["rank"][idx]), int(tl["stage"][idx])
+        kind = KIND_NAMES[int(tl["kind"][idx])]
+        item, it = int(tl["item"][idx]), int(tl["iteration"][idx])
+        off = offsets[it]
+        w, st, en = ((float(tl[k][idx]) + off) * scale for k in ("wait", "start", "end"))
+        args = {"iteration": it, "item": item, "stage": s, "clock": clock}
         if st > w:
             events.append(
                 {
@@ -48,81 +122,163 @@ def chrome_trace(
                     "ph": "X",
                     "pid": r,
                     "tid": s,
-                    "ts": w * scale,
-                    "dur": (st - w) * scale,
+                    "ts": w,
+                    "dur": st - w,
                     "args": args,
                 }
             )
         events.append(
             {
-                "name": f"{s}{kind}{item}",
+                "name": f"{kind}{item}",
                 "cat": kind,
                 "ph": "X",
                 "pid": r,
                 "tid": s,
-                "ts": st * scale,
-                "dur": (en - st) * scale,
+                "ts": st,
+                "dur": en - st,
                 "args": args,
             }
         )
+        shifted[(it, s, kind, item)] = (r, s, st)
+    events += _flows(shifted)
+    events += _optimizer_events(tl, offsets, scale, run_pid, flush_every)
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
-        "otherData": {"clock": clock, "generator": "hpcpipe"},
+        "otherData": {"clock": clock, "time_unit": unit, "generator": "hpcpipe"},
     }
 
 
-def write_trace(timeline, path: str | Path, clock: str = "wall", iterations=None) -> int:
-    obj = chrome_trace(timeline, clock, iterations)
+def _flows(slices: dict) -> list[dict]:
+    """One arrow per message: F(s, i) -> F(s + 1, i) and B(s, i) -> B(s - 1, i)."""
+    out, fid = [], 0
+    for (it, s, kind, item), (pid, tid, ts) in slices.items():
+        to = (it, s + 1 if kind == "F" else s - 1, kind, item)
+        if to not in slices:
+            continue
+        pid2, tid2, ts2 = slices[to]
+        fid += 1
+        name = "activation" if kind == "F" else "gradient"
+        common = {"name": name, "cat": kind, "id": fid}
+        out.append({**common, "ph": "s", "pid": pid, "tid": tid, "ts": ts})
+        out.append({**common, "ph": "f", "bp": "e", "pid": pid2, "tid": tid2, "ts": ts2})
+    return out
+
+
+def _optimizer_events(tl, offsets, scale, pid, flush_every) -> list[dict]:
+    """Iteration slices, then an optimizer step (and a flush when due) at each one's end."""
+    out = []
+    for it, off in offsets.items():
+        m = tl["iteration"] == it
+        lo = (float(tl["wait"][m].min()) + off) * scale
+        hi = (float(tl["end"][m].max()) + off) * scale
+        args = {"iteration": it}
+        out.append(
+            {
+                "name": f"iteration {it}",
+                "cat": "iteration",
+                "ph": "X",
+                "pid": pid,
+                "tid": 0,
+                "ts": lo,
+                "dur": hi - lo,
+                "args": args,
+            }
+        )
+        step = {"cat": "optimizer", "ph": "i", "s": "t", "pid": pid, "tid": 1, "ts": hi}
+        out.append({**step, "name": f"step {it}", "args": args})
+        if flush_every and it % flush_every == 0:
+            out.append({**step, "name": f"flush (iterations <= {it} on disk)", "args": args})
+    return out
+
+
+def write_trace(
+    timeline, path: str | Path, clock: str = "wall", iterations=None, table=None, flush_every=0
+) -> int:
+    obj = chrome_trace(timeline, clock, iterations, table, flush_every)
     Path(path).write_text(json.dumps(obj))
     return len(obj["traceEvents"])
 
 
-def gantt_png(
+def gantt_figure(
     rows: list[list[tuple[float, float, str, int]]],
-    path: str | Path,
     title: str = "",
     unit: str = "s",
-) -> None:
-    """Draw per-stage cells (start, end, kind, item): one colour per action kind."""
+):
+    """Per-stage cells (start, end, kind, item) as a matplotlib Figure.
+
+    The size grows with the stages and the cells per stage; an item label is
+    drawn only where it fits inside its cell; the legend names F and B and the
+    title gives the bubble fraction 1 − Σ busy / (S · makespan).
+    """
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
     except ImportError as e:  # pragma: no cover
         raise RuntimeError("plots need matplotlib: pip install 'hpcpipe[plot]'") from e
     S = len(rows)
-    fig, ax = plt.subplots(figsize=(10, 0.5 + 0.45 * S))
-    palette = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
-    colors = {k.letter: palette[k % len(palette)] for k in Kind}
-    many = sum(len(r) for r in rows) > 400
-    for s, cells in enumerate(rows):
-        for start, end, kind, item in cells:
+    cells = [c for r in rows for c in r]
+    t0 = min((c[0] for c in cells), default=0.0)
+    t1 = max((c[1] for c in cells), default=1.0)
+    span = (t1 - t0) or 1.0
+    busy = sum(c[1] - c[0] for c in cells)
+    bubble = 1.0 - busy / (S * span) if S else 0.0
+    per_stage = max((len(r) for r in rows), default=1)
+    width = float(np.clip(5.0 + 0.09 * per_stage, 7.0, 16.0))
+    height = float(np.clip(1.5 + 0.42 * S, 2.6, 12.0))
+    fig, ax = plt.subplots(figsize=(width, height))
+    dpi, fontsize = fig.dpi, 7.0
+    axes_px = 0.85 * width * dpi
+    for s, row in enumerate(rows):
+        for start, end, kind, item in row:
             ax.barh(
                 S - 1 - s,
                 end - start,
                 left=start,
                 height=0.8,
-                color=colors[kind],
+                color=COLORS[kind],
                 edgecolor="white",
                 linewidth=0.3,
             )
-            if not many:
+            label = f"{kind}{item}"
+            need_px = (len(label) * 0.62 + 0.6) * fontsize * dpi / 72.0
+            if (end - start) / span * axes_px >= need_px:
                 ax.text(
                     (start + end) / 2,
                     S - 1 - s,
-                    f"{kind}{item}",
+                    label,
                     ha="center",
                     va="center",
-                    fontsize=6,
+                    fontsize=fontsize,
                     color="white",
                 )
+    ax.set_xlim(t0, t0 + span * 1.01)
     ax.set_yticks(range(S))
     ax.set_yticklabels([f"stage {S - 1 - s}" for s in range(S)])
     ax.set_xlabel(f"time ({unit})")
-    ax.set_title(title)
+    ax.set_title(f"{title}\nbubble fraction {bubble:.3f}" if title else f"bubble {bubble:.3f}")
+    ax.legend(
+        handles=[
+            Patch(color=COLORS["F"], label="F: forward"),
+            Patch(color=COLORS["B"], label="B: backward"),
+        ],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=8,
+        frameon=False,
+    )
     fig.tight_layout()
+    return fig
+
+
+def gantt_png(rows, path: str | Path, title: str = "", unit: str = "s") -> None:
+    """Draw :func:`gantt_figure` to a PNG file."""
+    import matplotlib.pyplot as plt
+
+    fig = gantt_figure(rows, title, unit)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -139,7 +295,7 @@ def timeline_rows(timeline: dict[str, np.ndarray], iteration: int):
         m = sel & (timeline["stage"] == s)
         rows.append(
             [
-                (float(a) - t0, float(b) - t0, Kind(int(k)).letter, int(i))
+                (float(a) - t0, float(b) - t0, KIND_NAMES[int(k)], int(i))
                 for a, b, k, i in zip(
                     timeline["start"][m],
                     timeline["end"][m],
