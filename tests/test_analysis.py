@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -144,7 +145,7 @@ def test_each_study_gives_its_verdicts_and_figure(results, tmp_path):
     bounds = [v for s in studies for v in s.verdicts if v.kind == "bound" and v.ok is not None]
     assert bounds and all(v.ok for v in bounds), [v for v in bounds if not v.ok]
     text = report.read_text()
-    assert "| study | claim | bound | measured | verdict | files |" in text
+    assert "| study | claim | bound | measured | verdict | sources |" in text
     for s in studies:  # every verdict row names the files its numbers came from
         for v in s.verdicts:
             assert v.files and all(f.endswith(".h5") for f in v.files)
@@ -211,3 +212,87 @@ def test_trivial_instance_fails_the_depth_check(results, tmp_path):
     assert main([str(bad), "-o", str(tmp_path / "r"), "--study", "depth"]) == 1
     text = (tmp_path / "r" / "report.md").read_text()
     assert "the instance is trivial" in text and "VIOLATED" in text
+
+
+FIGURES = {"pipeline_time.png", "depth.png", "dimension.png", "smooth.png", "paper_curves.png"}
+
+
+def test_every_figure_has_units_title_a_legend_off_the_curves_and_the_reported_fit(
+    results, tmp_path, monkeypatch
+):
+
+    from hpcpipe.studies import report
+
+    figs = {}
+    for mod in report.STUDIES.values():
+
+        def keep(fig, outdir, name, res, _save=mod.save_figure):
+            figs[name] = fig
+            _save(fig, outdir, name, res)
+
+        monkeypatch.setattr(mod, "save_figure", keep)
+    studies, _ = analyse([str(results)], tmp_path / "report")
+    verdicts = {v.claim: v.measured for s in studies for v in s.verdicts}
+    assert set(figs) == FIGURES
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    for name, fig in figs.items():
+        canvas = FigureCanvasAgg(fig)  # the saved figure is closed: draw it again
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        width, height = fig.get_size_inches() * 110  # pixels as written (dpi 110)
+        assert width >= 700 and height >= 400, name
+        suptitle = fig._suptitle.get_text() if fig._suptitle else ""
+        for ax in fig.axes:
+            shared = ax.get_shared_x_axes().get_siblings(ax)  # a column's panels share one
+            assert any(o.get_xlabel() for o in shared) and ax.get_ylabel(), name
+            assert ax.get_title() or suptitle, name
+            legend = ax.get_legend()
+            assert legend is not None and legend.get_texts(), name
+            box, frame = legend.get_window_extent(renderer), ax.get_window_extent(renderer)
+            assert box.x0 >= frame.x1 - 1, f"{name}: the legend covers the axes"
+            assert fig.get_window_extent(renderer).x1 >= box.x1 - 1, f"{name}: legend cut off"
+            for text in [*legend.get_texts(), ax.xaxis.label, ax.yaxis.label]:
+                assert text.get_fontsize() >= 7, name
+        data_axes = [ax for ax in fig.axes if "residual" not in ax.get_ylabel()]
+        for ax in data_axes:  # a unit in brackets on the measured axis
+            assert re.search(r"\((tau|s|count|logits)\)", ax.get_ylabel()), (name, ax.get_ylabel())
+    # pipeline time: a panel and a residual panel per clock, a fit per schedule in the legend,
+    # with the coefficient the verdict reports, and distinct colours per schedule
+    pt = figs["pipeline_time.png"]
+    top = [ax for ax in pt.axes if "residual" not in ax.get_ylabel()]
+    assert len(pt.axes) == 2 * len(top)
+    labels = [t.get_text() for t in top[0].get_legend().get_texts()]
+    for sched in ("sequential", "gpipe"):
+        fit = next(lab for lab in labels if lab.startswith(f"fit {sched}:"))
+        a = fit.split(": ")[1].split("*")[0]
+        measured = next(m for c, m in verdicts.items() if c.startswith(f"{sched} iteration time"))
+        assert f"a = {a}," in measured
+    colors = {line.get_color() for line in top[0].get_lines() if line.get_linestyle() == "None"}
+    assert len(colors) == 2
+    # dimension: the fitted exponent drawn is the one the table reports
+    dim = [t.get_text() for t in figs["dimension.png"].axes[0].get_legend().get_texts()]
+    fit = next(lab for lab in dim if lab.startswith("fit: d^"))
+    exponent = fit.removeprefix("fit: d^").split(" ")[0]
+    assert any(m.startswith(f"exponent {exponent} ") for m in verdicts.values())
+    assert any(lab.startswith("bound") for lab in dim)
+    # smooth: the fit line with the slope the table reports, and the bound
+    sm = [t.get_text() for t in figs["smooth.png"].axes[0].get_legend().get_texts()]
+    slope = next(lab for lab in sm if lab.startswith("fit: slope")).split()[2]
+    assert any(m.startswith(f"slope {slope} ") for m in verdicts.values())
+    assert any("upper bound" in lab for lab in sm)
+    # depth: the bound's planned time is marked
+    dp = [t.get_text() for t in figs["depth.png"].axes[0].get_legend().get_texts()]
+    assert any(lab.startswith("bound") for lab in dp) and any("fit" in lab for lab in dp)
+
+
+def test_report_table_lists_sources_as_short_references(results, tmp_path):
+    _, path = analyse([str(results)], tmp_path / "report")
+    text = path.read_text()
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert table[0].endswith("| sources |")
+    for row in table[2:]:
+        if row.count("|") == 7:  # verdict rows
+            assert ".h5" not in row and re.search(r"S\d+ \(\d+ files\) \|$", row)
+    appendix = text[text.index("## Sources") :]
+    assert appendix.count(".h5") >= 10

@@ -129,6 +129,27 @@ def figure():
     return plt
 
 
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def series_style(i: int) -> dict:
+    """Colour and marker of the i-th series: distinct, and hollow on odd i so that a series
+    drawn on top of another leaves it visible."""
+    c = COLORS[i % len(COLORS)]
+    return {
+        "color": c,
+        "marker": MARKERS[i % len(MARKERS)],
+        "markerfacecolor": "none" if i % 2 else c,
+        "markersize": 6 if i % 2 else 5,
+    }
+
+
+def legend_outside(ax) -> None:
+    """The legend to the right of the axes, where it can cover no curve."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+
+
 def save_figure(fig, outdir: Path, name: str, res: StudyResult) -> None:
     """Write a study's figure as PNG next to the report and list it in the study."""
     import matplotlib.pyplot as plt

@@ -17,7 +17,16 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcpipe.studies.common import StudyResult, Verdict, figure, files_of, linfit, save_figure
+from hpcpipe.studies.common import (
+    StudyResult,
+    Verdict,
+    figure,
+    files_of,
+    legend_outside,
+    linfit,
+    save_figure,
+    series_style,
+)
 
 NAME = "depth"
 
@@ -41,8 +50,9 @@ def study(records, outdir: Path) -> StudyResult:
         groups[key].append(r)
     rows = []
     plt = figure()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(8.4, 4.6))
     times = {}
+    n_series = 0
     for (prob, opt, eps, d), g in sorted(groups.items()):
         g = sorted(g, key=lambda r: r.config["depth"])
         depth = np.array([r.config["depth"] for r in g], float)
@@ -92,15 +102,33 @@ def study(records, outdir: Path) -> StudyResult:
                 files_of(g),
             )
         )
-        (line,) = ax.plot(depth[reached], t[reached], "o-", label=f"{opt} {prob}")
+        style = series_style(n_series)
+        n_series += 1
+        ax.plot(depth[reached], t[reached], linestyle="none", label=f"{opt} {prob}", **style)
+        dd = np.linspace(depth[reached].min(), depth[reached].max(), 20)
+        ax.plot(
+            dd,
+            slope * dd + icpt,
+            "-",
+            lw=1,
+            color=style["color"],
+            label=f"fit {opt} {prob}: slope {slope:.3g}",
+        )
         if bound is not None:  # the theory's guarantee: all T planned iterations
             planned = [r.info.get("iterations_planned", math.nan) * r.iteration_time for r in g]
-            ax.plot(depth, planned, "--", color=line.get_color(), lw=1)
-    ax.set_xlabel("depth")
+            ax.plot(
+                depth,
+                planned,
+                "--",
+                color=style["color"],
+                lw=1,
+                label=f"bound {opt} {prob}: T planned iterations",
+            )
+    ax.set_xlabel("depth (layers, one stage per rank)")
     ax.set_ylabel("pipeline time to eps (tau)")
-    ax.set_title("solid: measured; dashed: the T iterations the bound plans", fontsize=9)
+    ax.set_title("Time to reach eps against depth (theory settings)")
     ax.set_yscale("log")
-    ax.legend(fontsize=7)
+    legend_outside(ax)
     save_figure(fig, outdir, "depth.png", res)
     res.tables.append(
         (

@@ -21,7 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcpipe.studies.common import StudyResult, Verdict, figure, files_of, loglog_slope, save_figure
+from hpcpipe.studies.common import (
+    StudyResult,
+    Verdict,
+    figure,
+    files_of,
+    legend_outside,
+    loglog_slope,
+    save_figure,
+)
 
 NAME = "dimension"
 
@@ -69,8 +77,10 @@ def study(records, outdir: Path) -> StudyResult:
         )
     )
     ok = np.isfinite(its)
+    fit = None
     if ok.sum() >= 3:
         p, lo, hi = loglog_slope(ds[ok], its[ok])
+        fit = (p, lo, hi, float(np.polyfit(np.log(ds[ok]), np.log(its[ok]), 1)[1]))
         res.verdicts.append(
             Verdict(
                 NAME,
@@ -93,16 +103,26 @@ def study(records, outdir: Path) -> StudyResult:
         )
     )
     plt = figure()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.loglog(ds, its, "o", label="measured iterations to eps")
+    fig, ax = plt.subplots(figsize=(8, 4.4))
+    ax.loglog(ds, its, "o", color="#1f77b4", label="measured iterations to eps")
     dd = np.array(dims, float)
+    if fit is not None:
+        p, lo, hi, logc = fit
+        ax.loglog(
+            dd,
+            np.exp(logc) * dd**p,
+            "-",
+            color="#1f77b4",
+            label=f"fit: d^{p:.3f} (95% [{lo:.3f}, {hi:.3f}])",
+        )
     c = np.nanmedian(its / ds**0.25)
-    ax.loglog(dd, c * dd**0.25, "-", label="c * d^(1/4)")
+    ax.loglog(dd, c * dd**0.25, ":", color="0.4", label="theory's exponent: c * d^(1/4)")
     b = [row[-1] for row in rows]
-    ax.loglog(ds, b, "x", label="bound ceil(8LR d^(1/4)/eps)")
+    ax.loglog(ds, b, "x", color="#d62728", label="bound ceil(8LR d^(1/4)/eps)")
     ax.set_xlabel("dimension d")
-    ax.set_ylabel("iterations")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("iterations to eps (count)")
+    ax.set_title("PPRS (theory settings): iterations to eps against d")
+    legend_outside(ax)
     save_figure(fig, outdir, "dimension.png", res)
     res.tables.append(
         (

@@ -14,7 +14,16 @@ from pathlib import Path
 import numpy as np
 
 from hpcpipe.pipeline.schedules import SCHEDULES
-from hpcpipe.studies.common import StudyResult, Verdict, figure, files_of, linfit, save_figure
+from hpcpipe.studies.common import (
+    StudyResult,
+    Verdict,
+    figure,
+    files_of,
+    legend_outside,
+    linfit,
+    save_figure,
+    series_style,
+)
 
 NAME = "pipeline-time"
 TOL = {"model": 1e-9, "wall": 0.10}
@@ -55,9 +64,7 @@ def study(records, outdir: Path) -> StudyResult:
         per_stage = r.config["depth"] // r.n_ranks
         key = (r.config["schedule"], r.config["clock"], per_stage, r.config["layer_time"])
         groups[key].append(r)
-    rows = []
-    plt = figure()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    rows, fits = [], []
     for (sched, clock, _per_stage, lt), g in sorted(groups.items()):
         n = np.array([_n_items(r) for r in g])
         S = np.array([r.n_ranks for r in g])
@@ -96,14 +103,8 @@ def study(records, outdir: Path) -> StudyResult:
                     a * xi + b,
                 ]
             )
-        order = np.argsort(x)
-        ax.plot(x[order], T[order], "o", label=f"{sched} ({clock})")
-        ax.plot(x[order], (a * x + b)[order], "-", lw=1)
-    ax.set_xlabel("slots: K*m + S - 1 (sequential: n*S)")
-    ax.set_ylabel("iteration time")
-    ax.legend(fontsize=7)
-    ax.set_title("pipeline time law")
-    save_figure(fig, outdir, "pipeline_time.png", res)
+        fits.append((sched, clock, lt, x, T, a, b, tol))
+    _figure(res, fits, outdir)
     res.tables.append(
         (
             "iteration times",
@@ -113,6 +114,58 @@ def study(records, outdir: Path) -> StudyResult:
     )
     _speedup(res, groups)
     return res
+
+
+UNITS = {"model": "tau", "wall": "s"}
+
+
+def _figure(res: StudyResult, fits, outdir: Path) -> None:
+    """One column per clock: iteration time against the slots with the fitted law, and the
+    relative residuals against that law with the verdict's tolerance band."""
+    clocks = sorted({f[1] for f in fits})
+    if not clocks:
+        return
+    plt = figure()
+    fig, axes = plt.subplots(
+        2,
+        len(clocks),
+        figsize=(5.2 * len(clocks) + 2.4, 6.2),
+        squeeze=False,
+        sharex="col",
+        gridspec_kw={"height_ratios": [3, 1.4]},
+    )
+    for j, clock in enumerate(clocks):
+        top, bottom = axes[0][j], axes[1][j]
+        mine = [f for f in fits if f[1] == clock]
+        for i, (sched, _clock, lt, x, T, a, b, _tol) in enumerate(mine):
+            style = series_style(i)
+            order = np.argsort(x)
+            emu = f", {lt * 1e3:g} ms/layer" if lt else ""
+            top.plot(x[order], T[order], linestyle="none", label=f"{sched}{emu}", **style)
+            xx = np.linspace(0, x.max() * 1.05, 50)
+            sign = "+" if b >= 0 else "-"
+            top.plot(
+                xx,
+                a * xx + b,
+                "-" if i % 2 == 0 else "--",
+                lw=1,
+                color=style["color"],
+                label=f"fit {sched}: {a:.4g}*slots {sign} {abs(b):.3g}",
+            )
+            bottom.plot(x[order], ((T - (a * x + b)) / T)[order], linestyle="none", **style)
+        tol = TOL[clock]
+        bottom.axhspan(-tol, tol, color="0.9", zorder=0, label=f"tolerance +-{tol:g}")
+        bottom.axhline(0, color="0.4", lw=0.8)
+        top.set_title(f"{clock} clock")
+        top.set_ylabel(f"iteration time ({UNITS[clock]})")
+        top.set_xlim(left=0)
+        top.set_ylim(bottom=0)
+        bottom.set_ylabel("relative residual")
+        bottom.set_xlabel("slots: K*m + S - 1 (sequential: n*S)")
+        legend_outside(top)
+        legend_outside(bottom)
+    fig.suptitle("Pipeline time law: T_iter = a*slots + b, per schedule and clock")
+    save_figure(fig, outdir, "pipeline_time.png", res)
 
 
 def _speedup(res: StudyResult, groups) -> None:

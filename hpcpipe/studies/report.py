@@ -22,22 +22,34 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def source_refs(results: list[StudyResult]) -> tuple[list[str], dict[tuple[str, ...], str]]:
+    """Short references (S1, S2, ...) for the distinct file lists of the verdict rows."""
+    refs: dict[tuple[str, ...], str] = {}
+    for res in results:
+        for v in res.verdicts:
+            refs.setdefault(tuple(v.files), f"S{len(refs) + 1}")
+    appendix = ["", "## Sources", ""]
+    for files, ref in refs.items():
+        appendix.append(f"- **{ref}** ({len(files)} files): {', '.join(files)}")
+    return appendix, refs
+
+
 def write_report(results: list[StudyResult], outdir: Path, sources: list[str]) -> Path:
+    appendix, refs = source_refs(results)
     lines = [
         "# hpcpipe scaling report",
         "",
-        f"Results read from: {', '.join(sources)}",
+        f"Results read from: {', '.join(sources)}. The `sources` column refers to the "
+        "file lists under Sources at the end.",
         "",
-        "| study | claim | bound | measured | verdict | files |",
+        "| study | claim | bound | measured | verdict | sources |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for res in results:
         for v in res.verdicts:
-            files = ", ".join(v.files[:6]) + (
-                f" (+{len(v.files) - 6} more)" if len(v.files) > 6 else ""
-            )
+            src = f"{refs[tuple(v.files)]} ({len(v.files)} files)"
             lines.append(
-                f"| {v.study} | {v.claim} | {v.bound} | {v.measured} | **{v.word}** | {files} |"
+                f"| {v.study} | {v.claim} | {v.bound} | {v.measured} | **{v.word}** | {src} |"
             )
     for res in results:
         lines += ["", f"## {res.name}", ""]
@@ -53,6 +65,7 @@ def write_report(results: list[StudyResult], outdir: Path, sources: list[str]) -
             ]
             lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
             lines.append("")
+    lines += appendix
     path = outdir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcpipe.studies.common import StudyResult, Verdict, figure, files_of, loglog_slope, save_figure
+from hpcpipe.studies.common import (
+    StudyResult,
+    Verdict,
+    figure,
+    files_of,
+    legend_outside,
+    loglog_slope,
+    save_figure,
+)
 
 NAME = "smooth"
 
@@ -78,13 +86,23 @@ def study(records, outdir: Path) -> StudyResult:
             )
         )
     plt = figure()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.loglog(xs[ok], ts[ok], "o", label="AGD, measured")
+    fig, ax = plt.subplots(figsize=(8, 4.4))
+    ax.loglog(xs[ok], ts[ok], "o", color="#1f77b4", label="AGD, measured")
     xx = np.sort(xs[ok])
-    ax.loglog(xx, 2 * math.sqrt(2) * xx, "-", label="upper bound 2*sqrt(2)*x")
-    ax.set_xlabel("depth * sqrt(beta R^2 / eps)")
+    if ok.sum() >= 3:
+        p_fit, c_fit = np.polyfit(np.log(xs[ok]), np.log(ts[ok]), 1)
+        ax.loglog(
+            xx,
+            np.exp(c_fit) * xx**p_fit,
+            "-",
+            color="#1f77b4",
+            label=f"fit: slope {p_fit:.3f} (accepted: 0.8 to 1.2)",
+        )
+    ax.loglog(xx, 2 * math.sqrt(2) * xx, "--", color="#d62728", label="upper bound 2*sqrt(2)*x")
+    ax.set_xlabel("x = depth * sqrt(beta R^2 / eps)")
     ax.set_ylabel("pipeline time to eps (tau)")
-    ax.legend(fontsize=7)
+    ax.set_title("Smooth regime: AGD time to eps against depth * sqrt(beta R^2/eps)")
+    legend_outside(ax)
     save_figure(fig, outdir, "smooth.png", res)
     res.tables.append(
         (
