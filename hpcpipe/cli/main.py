@@ -488,6 +488,23 @@ def cmd_trace(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from hpcpipe.run.export import ExportError, export
+
+    r = _load_result(args.result)
+    if r is None:
+        return 2
+    prefix = args.output or str(Path(args.result).with_suffix(""))
+    try:
+        paths = export(r, args.format, prefix)
+    except ExportError as e:
+        print(f"hpcpipe: {e}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(f"wrote {p}")
+    return 0
+
+
 def cmd_plot(args) -> int:
     from hpcpipe.run.trace import gantt_png, timeline_rows
 
@@ -758,6 +775,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--iteration", type=int, default=None, help="only this iteration")
     s.add_argument("--force", action="store_true", help="replace an existing HDF5 file at -o")
     s.set_defaults(func=cmd_trace)
+
+    s = sub.add_parser(
+        "export",
+        help="a result's tables as CSV or Parquet files",
+        description="Write a result's iterations, timeline and stages tables (columns in "
+        "the order of docs/results.md) and its attributes (JSON), for tools outside Python.",
+    )
+    s.add_argument("result", help="HDF5 result file")
+    s.add_argument(
+        "--format", choices=["csv", "parquet"], default="csv", help="csv (default) or parquet"
+    )
+    s.add_argument(
+        "-o",
+        "--output",
+        metavar="PREFIX",
+        help="write PREFIX-iterations.csv, ... (default: the result's path without .h5)",
+    )
+    s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("plot", help="pictures of a result")
     s.add_argument("what", choices=["timeline"], help="timeline: Gantt chart of an iteration")

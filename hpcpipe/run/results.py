@@ -352,16 +352,46 @@ class Result:
     timeline: dict[str, np.ndarray]
     stages: dict[str, np.ndarray]
     info: dict = field(default_factory=dict)
+    iteration_columns: tuple[str, ...] = ()
 
     @property
     def status(self) -> str:
         return str(self.attrs["status"]).strip()
 
+    def columns(self, what: str = "iterations") -> dict[str, np.ndarray]:
+        """One table's columns in schema order (docs/results.md).
+
+        iterations: the order the writer recorded (the group's ``columns``
+        attribute, runner.COLUMNS); timeline: iteration, rank, stage, kind,
+        item, wait, start, end; stages: busy, wait, idle, actions. Columns the
+        schema does not know come last, in name order.
+        """
+        if what not in ("iterations", "timeline", "stages"):
+            raise ValueError(f"{what!r}: choose iterations, timeline or stages")
+        data = getattr(self, what)
+        order = {
+            "iterations": self.iteration_columns,
+            "timeline": TIMELINE_INT + TIMELINE_FLOAT,
+            "stages": STAGE_FIELDS,
+        }[what]
+        names = [c for c in order if c in data] + sorted(c for c in data if c not in order)
+        return {c: data[c] for c in names}
+
     def frame(self, what: str = "iterations"):
-        """The iterations, timeline or stages as a pandas DataFrame."""
+        """The iterations, timeline or stages as a pandas DataFrame, columns in schema order.
+
+        The timeline frame adds ``action`` ("F3", "B3"), ``compute`` = end − start
+        and ``receive_wait`` = start − wait, in the clock's units.
+        """
         import pandas as pd
 
-        return pd.DataFrame(getattr(self, what))
+        df = pd.DataFrame(self.columns(what))
+        if what == "timeline":
+            kinds = np.array(["F", "B"])
+            df["action"] = [f"{kinds[k]}{i}" for k, i in zip(df["kind"], df["item"])]
+            df["compute"] = df["end"] - df["start"]
+            df["receive_wait"] = df["start"] - df["wait"]
+        return df
 
 
 def _text(v):
@@ -515,6 +545,8 @@ def load(path: str | Path) -> Result:
             its = _columns(f["iterations"], ("iteration",), path, "iterations", True)
             tl = _columns(f["timeline"], TIMELINE_INT + TIMELINE_FLOAT, path, "timeline", cut)
             st = _columns(f["stages"], STAGE_FIELDS, path, "stages", False)
+            order = _text(f["iterations"].attrs.get("columns", ""))
+            order = tuple(c for c in order.split(",") if c in its)
     except ResultsError:
         raise
     except (OSError, KeyError, ValueError, RuntimeError, TypeError) as e:
@@ -523,7 +555,8 @@ def load(path: str | Path) -> Result:
     info = _json_dict(attrs, "info", path)
     for key in ("method", "problem", "figures"):
         _json_dict(attrs, key, path)
-    return Result(path, attrs, cfg, its, tl, st, info)
+    its = {c: its[c] for c in order + tuple(sorted(set(its) - set(order)))}
+    return Result(path, attrs, cfg, its, tl, st, info, order)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from hpcpipe.pipeline.recording import Recorder, recorder_for
 from hpcpipe.problems import PROBLEMS, Problem
 from hpcpipe.run import checkpoint
 from hpcpipe.run.config import ConfigError, RunConfig, check_output, validate
+from hpcpipe.run.outcome import outcome
 from hpcpipe.run.progress import Progress, StopFlag
 
 
@@ -50,6 +51,7 @@ class Row(NamedTuple):
 
 
 COLUMNS = Row._fields
+OUTCOME_COLUMNS = ("iteration", "gap", "pipeline_time")  # what outcome() reads
 
 
 @dataclass
@@ -296,6 +298,8 @@ class Run:
             parts = (self.eng.initial_point(), self.state["theta"])
             whole = [np.concatenate(comm.allgather(part)) for part in parts]
             self.extra.update(self.prob.final_metrics(*whole))
+        cols = [np.array([getattr(r, c) for r in self.rows]) for c in OUTCOME_COLUMNS]
+        self.extra.update(outcome(cfg, self.prob, *cols))
         if cfg.output:
             self.flush()
             summary = self.recorder.stage_summary(comm)

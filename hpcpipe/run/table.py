@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from hpcpipe.run.outcome import describe
 from hpcpipe.run.runner import COLUMNS, RunResult
 
 
@@ -39,3 +40,5 @@ def print_run(res: RunResult, every: int = 0) -> None:
         f"status {res.status}; method {m.name} lr {m.lr:.4g} gamma {m.gamma:.4g} "
         f"K {m.samples}; {n} iterations; info {res.info}"
     )
+    for line in describe(res.info):
+        print(line)
