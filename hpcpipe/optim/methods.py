@@ -142,7 +142,7 @@ class Plan:
 def theory_plan(
     name: str, eps: float, L: float | None, R: float, d: int, beta: float | None = None
 ) -> Plan:
-    """Choose η, T (and γ, K for PPRS) from the rates in DESIGN.md §1.
+    """Choose η, T (and γ, K for PPRS) from the rates in docs/design.md §1.
 
     Non-smooth (L-Lipschitz convex, ‖θ₀ − θ*‖ ≤ R):
 

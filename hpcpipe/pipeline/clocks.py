@@ -10,7 +10,7 @@ Both expose the same calls, so one engine loop serves both:
   with ``nbytes`` of payload has been received;
 * ``compute(kind)``: the rank has executed an action of kind F or B.
 
-Model clock (DESIGN.md §2): an action costs its modelled t_F or t_B (the sum
+Model clock (docs/design.md §2): an action costs its modelled t_F or t_B (the sum
 over the stage's blocks), a message of n bytes costs α + n·β, and a receive
 completes at max(local clock, send stamp + α + n·β). Sends do not occupy the
 sender. Running the real engine on this clock gives the exact pipeline time
