@@ -30,7 +30,7 @@ def source_refs(results: list[StudyResult]) -> tuple[list[str], dict[tuple[str, 
             refs.setdefault(tuple(v.files), f"S{len(refs) + 1}")
     appendix = ["", "## Sources", ""]
     for files, ref in refs.items():
-        appendix.append(f"- **{ref}** ({len(files)} files): {', '.join(files)}")
+        appendix.append(f"- **{ref}**: {', '.join(files)}")
     return appendix, refs
 
 
@@ -47,7 +47,8 @@ def write_report(results: list[StudyResult], outdir: Path, sources: list[str]) -
     ]
     for res in results:
         for v in res.verdicts:
-            src = f"{refs[tuple(v.files)]} ({len(v.files)} files)"
+            n = len(v.files)
+            src = f"{refs[tuple(v.files)]} ({n} file{'' if n == 1 else 's'})"
             lines.append(
                 f"| {v.study} | {v.claim} | {v.bound} | {v.measured} | **{v.word}** | {src} |"
             )
