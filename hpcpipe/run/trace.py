@@ -26,8 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-KIND_NAMES = ("F", "B")  # timeline ``kind``: 0 = forward, 1 = backward
-COLORS = {"F": "#4c72b0", "B": "#dd8452"}
+from hpcpipe.pipeline.schedules import Kind, consumer
+
+PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
+COLORS = {k.letter: PALETTE[k % len(PALETTE)] for k in Kind}
+MESSAGES = {Kind.FORWARD: "activation", Kind.BACKWARD: "gradient"}
 
 
 def time_unit(clock: str) -> tuple[float, str]:
@@ -109,7 +112,7 @@ def chrome_trace(
     shifted = {}  # (iteration, stage, kind, item) -> (pid, tid, ts) of the compute slice
     for idx in range(len(tl["end"])):
         r, s = int(tl["rank"][idx]), int(tl["stage"][idx])
-        kind = KIND_NAMES[int(tl["kind"][idx])]
+        kind = Kind(int(tl["kind"][idx])).letter
         item, it = int(tl["item"][idx]), int(tl["iteration"][idx])
         off = offsets[it]
         w, st, en = ((float(tl[k][idx]) + off) * scale for k in ("wait", "start", "end"))
@@ -140,7 +143,7 @@ def chrome_trace(
             }
         )
         shifted[(it, s, kind, item)] = (r, s, st)
-    events += _flows(shifted)
+    events += _flows(shifted, int(tl["stage"].max()) + 1 if len(tl["stage"]) else 0)
     events += _optimizer_events(tl, offsets, scale, run_pid, flush_every)
     return {
         "traceEvents": events,
@@ -149,16 +152,19 @@ def chrome_trace(
     }
 
 
-def _flows(slices: dict) -> list[dict]:
-    """One arrow per message: F(s, i) -> F(s + 1, i) and B(s, i) -> B(s - 1, i)."""
+def _flows(slices: dict, n_stages: int) -> list[dict]:
+    """One arrow per message, to the action that waits for it (``schedules.consumer``):
+    F(s, i) -> F(s + 1, i), an activation; B(s, i) -> B(s - 1, i), a gradient."""
     out, fid = [], 0
     for (it, s, kind, item), (pid, tid, ts) in slices.items():
-        to = (it, s + 1 if kind == "F" else s - 1, kind, item)
-        if to not in slices:
+        k = Kind.parse(kind)
+        to_stage = consumer(s, k, n_stages)
+        to = (it, to_stage, kind, item)
+        if to_stage is None or to not in slices:
             continue
         pid2, tid2, ts2 = slices[to]
         fid += 1
-        name = "activation" if kind == "F" else "gradient"
+        name = MESSAGES.get(k, k.name.lower())
         common = {"name": name, "cat": kind, "id": fid}
         out.append({**common, "ph": "s", "pid": pid, "tid": tid, "ts": ts})
         out.append({**common, "ph": "f", "bp": "e", "pid": pid2, "tid": tid2, "ts": ts2})
@@ -262,8 +268,7 @@ def gantt_figure(
     ax.set_title(f"{title}\nbubble fraction {bubble:.3f}" if title else f"bubble {bubble:.3f}")
     ax.legend(
         handles=[
-            Patch(color=COLORS["F"], label="F: forward"),
-            Patch(color=COLORS["B"], label="B: backward"),
+            Patch(color=COLORS[k.letter], label=f"{k.letter}: {k.name.lower()}") for k in Kind
         ],
         loc="upper left",
         bbox_to_anchor=(1.0, 1.0),
@@ -295,7 +300,7 @@ def timeline_rows(timeline: dict[str, np.ndarray], iteration: int):
         m = sel & (timeline["stage"] == s)
         rows.append(
             [
-                (float(a) - t0, float(b) - t0, KIND_NAMES[int(k)], int(i))
+                (float(a) - t0, float(b) - t0, Kind(int(k)).letter, int(i))
                 for a, b, k, i in zip(
                     timeline["start"][m],
                     timeline["end"][m],
