@@ -160,7 +160,8 @@ TOML_CASES = [
     ("label", "..", None),
     ("label", "/abs/path", None),
     ("label", "a" * 400, None),
-    ("tag", "x\ntouch PWNED; $(touch PWNED)", None),
+    ("tag", "x\ntouch PWNED; $(touch PWNED)", "holds a control character"),
+    ("tag", "x; touch PWNED $(touch PWNED) `id` 'a b'", None),
 ]
 
 
@@ -192,7 +193,7 @@ def test_grid_values_become_safe_file_names(tmp_path):
     f = tmp_path / "s.toml"
     f.write_text(
         SWEEP.format(**GOOD).replace(
-            "[grid]", '[grid]\ntag = ["../../x", "a/b", "..", "$(id)", "\\n"]'
+            "[grid]", '[grid]\ntag = ["../../x", "a/b", "..", "$(id)", "a b"]'
         )
     )
     sw = load_sweep(f, out=str(tmp_path / "res"))

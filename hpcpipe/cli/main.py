@@ -164,6 +164,17 @@ def _under_mpi(func) -> int:
         return 1
 
 
+def _ranks_option(text: str) -> int:
+    """``--np``: a whole number of ranks >= 1 in ASCII digits (argparse exits 2 otherwise)."""
+    import re
+
+    if not re.fullmatch(r"\s*[0-9]{1,7}\s*", text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the number of ranks must be a whole number >= 1"
+        )
+    return int(text)
+
+
 def _strip_np(argv: list[str]) -> list[str]:
     out, skip = [], False
     for i, w in enumerate(argv):
@@ -687,7 +698,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     s.add_argument("--config", help="TOML file of settings (flat keys or a [run] table)")
-    s.add_argument("--np", type=int, default=0, help="launch itself under mpiexec -n NP")
+    s.add_argument("--np", type=_ranks_option, default=0, help="launch itself under mpiexec -n NP")
     s.add_argument("--every", type=int, default=0, help="print every N-th iteration row")
     s.add_argument("--resume", metavar="FILE", help="continue an incomplete result file")
     s.add_argument(
@@ -703,7 +714,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="results directory (default: the file's [sweep] out)")
     s.add_argument("--point", type=int, help="run only this grid point (Slurm array task)")
     s.add_argument("--list", action="store_true", help="list the points and their state")
-    s.add_argument("--np", type=int, default=0, help="ranks of the launch (default: largest)")
+    s.add_argument(
+        "--np", type=_ranks_option, default=0, help="ranks of the launch (default: largest)"
+    )
     s.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_sweep, takes_extra=True)
 
@@ -736,12 +749,12 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     s.add_argument("config", nargs="?", help="TOML file (optional)")
-    s.add_argument("--np", type=int, default=0, help="check it fits this many ranks")
+    s.add_argument("--np", type=_ranks_option, default=0, help="check it fits this many ranks")
     add_settings(s)
     s.set_defaults(func=cmd_validate, takes_extra=True)
 
     s = sub.add_parser("demo", help="GD vs AGD vs PPRS on the digits attack, 4 local ranks")
-    s.add_argument("--np", type=int, default=4, help="number of ranks (default 4)")
+    s.add_argument("--np", type=_ranks_option, default=4, help="number of ranks (default 4)")
     s.add_argument("--budget", type=float, default=0.0, help="pipeline time budget in tau")
     s.set_defaults(func=cmd_demo, takes_extra=True)
 
@@ -808,7 +821,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--width", default="64", help="dense: comma-separated widths")
     s.add_argument("--mb", default="8", help="dense: rows per microbatch")
     s.add_argument("--micro", default="16", help="dense: microbatches M")
-    s.add_argument("--np", type=int, default=0, help="ranks (pipeline 4, transport 2)")
+    s.add_argument("--np", type=_ranks_option, default=0, help="ranks (pipeline 4, transport 2)")
     s.add_argument("--max-bytes", type=int, default=4 << 20, help="transport: largest size")
     s.add_argument("--min-bytes", type=int, default=8, help="transport: smallest size")
     s.add_argument("--iters", type=int, default=1000, help="transport: round trips per block")

@@ -66,7 +66,7 @@ class AGD(Optimizer):
         super().check(cfg)
         if cfg.momentum != "nesterov":
             try:
-                mu = float(cfg.momentum)
+                mu = float(cfg.momentum) if cfg.momentum.isascii() else -1.0
             except ValueError:
                 mu = -1.0
             need(0 <= mu < 1, "momentum", cfg.momentum, "'nesterov' or a number in [0, 1)")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpcpipe.errors import need
 from hpcpipe.model import rng
 from hpcpipe.model.stages import Batch, ModelSpec
 from hpcpipe.problems.base import L2Regulariser, Problem, ProblemEntry, need_single_example
@@ -109,18 +110,32 @@ def _residual_chain(name: str, spec: ModelSpec, b: np.ndarray, **constant) -> Ch
     )
 
 
-def _entry(name: str, make, about: str) -> ProblemEntry:
+def _entry(name: str, make, about: str, check=None) -> ProblemEntry:
     """A chain's registry entry: built from depth, dim and seed; one example; theory-ready."""
     return ProblemEntry(
         lambda cfg, comm: make(cfg.depth, cfg.dim, cfg.seed),
-        need_single_example(name),
+        check or need_single_example(name),
         theory=True,
         about=about,
+    )
+
+
+def _smooth_check(cfg) -> None:
+    """quad-chain is β-smooth with no Lipschitz constant L: theory mode plans GD or AGD
+    (theory_plan's smooth rules); PPRS's rule needs L."""
+    need_single_example("quad-chain")(cfg)
+    need(
+        not (cfg.mode == "theory" and cfg.optimizer == "pprs"),
+        "optimizer",
+        cfg.optimizer,
+        "theory mode on quad-chain (smooth: beta and R known, no L) plans gd or agd only",
     )
 
 
 ENTRIES = {
     "l1-chain": _entry("l1-chain", l1_chain, "(1/√d)‖θQ − b‖₁: non-smooth, L = 1, f* = 0"),
     "max-chain": _entry("max-chain", max_chain, "max_j (θQ)_j + (μ/2)‖θ‖²: non-smooth, known f*"),
-    "quad-chain": _entry("quad-chain", quad_chain, "ill-conditioned quadratic: β-smooth, f* = 0"),
+    "quad-chain": _entry(
+        "quad-chain", quad_chain, "ill-conditioned quadratic: β-smooth, f* = 0", _smooth_check
+    ),
 }

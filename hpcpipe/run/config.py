@@ -11,6 +11,7 @@ import difflib
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from hpcpipe.pipeline.executors import EXECUTORS
 from hpcpipe.pipeline.schedules import SCHEDULES
 from hpcpipe.pipeline.transport import WAIT_POLICIES
 from hpcpipe.problems import PROBLEMS
+from hpcpipe.run.resources import memory_error
 
 PROBLEM, OPTIMIZER, STOPPING, PIPELINE, OUTPUT, TESTING = (
     "problem",
@@ -142,26 +144,51 @@ def choices(name: str) -> tuple[str, ...] | None:
     return CHOICES.get(name)
 
 
+INT_MAX = 2**63 - 1  # every integer setting must fit a C int64 (numpy, HDF5 attributes)
+_INT = re.compile(r"[+-]?[0-9]+")
+
+
 def _coerce(name: str, value):
+    """A setting's value in its type: integers in ASCII digits within int64, finite-or-not
+    floats in ASCII, strings without control characters."""
     f = FIELDS[name]
     typ = f.type if isinstance(f.type, type) else {"int": int, "float": float, "str": str}[f.type]
     if typ is int:
+        text = value.strip() if isinstance(value, str) else None
         if isinstance(value, bool) or not (
-            isinstance(value, int)
-            or (isinstance(value, str) and value.isascii() and value.lstrip("-").isdigit())
+            isinstance(value, int) or (text is not None and _INT.fullmatch(text))
         ):
-            raise ConfigError(f"{name}: expected an integer, got {value!r}")
-        return int(value)
+            raise ConfigError(f"{name}: expected an integer, got {value!r}{_ascii_note(value)}")
+        v = int(value)
+        if abs(v) > INT_MAX:
+            raise ConfigError(f"{name}: {_short(value)} is too large (at most {INT_MAX})")
+        return v
     if typ is float:
+        if isinstance(value, str) and not (value.strip() and value.isascii()):
+            raise ConfigError(f"{name}: expected a number, got {value!r}{_ascii_note(value)}")
         try:
             if isinstance(value, bool):
                 raise ValueError
             return float(value)
+        except OverflowError:
+            raise ConfigError(f"{name}: {_short(value)} is too large for a number") from None
         except (TypeError, ValueError):
             raise ConfigError(f"{name}: expected a number, got {value!r}") from None
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise ConfigError(f"{name}: expected a string, got {value!r}")
-    return str(value)
+    text = str(value)
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise ConfigError(f"{name}: {text!r} holds a control character (newline, tab, ...)")
+    return text
+
+
+def _ascii_note(value) -> str:
+    return "" if not isinstance(value, str) or value.isascii() else " (ASCII digits 0-9 only)"
+
+
+def _short(value) -> str:
+    text = str(value)
+    return text if len(text) <= 30 else f"{text[:12]}...{text[-6:]} ({len(text)} characters)"
 
 
 def unknown_key(name: str) -> ConfigError:
@@ -193,9 +220,19 @@ def load(path: str | None, overrides: list[str] | None = None) -> RunConfig:
             raise ConfigError(f"config file {path!r} does not exist or is not a file")
         try:
             data = tomllib.loads(p.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as e:
             raise ConfigError(f"config file {path!r} is not valid TOML: {e}") from None
-        values.update(data.get("run", data))
+        if "run" in data:
+            if not isinstance(data["run"], dict):
+                raise ConfigError(f"config file {path!r}: run must be a [run] table")
+            flat = sorted(set(data) - {"run"})
+            if flat:
+                raise ConfigError(
+                    f"config file {path!r}: key(s) {', '.join(flat)} beside the [run] table "
+                    "would be ignored: put every setting inside [run] (or use no [run] table)"
+                )
+            data = data["run"]
+        values.update(data)
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: write key=value")
@@ -205,10 +242,15 @@ def load(path: str | None, overrides: list[str] | None = None) -> RunConfig:
 
 
 def check_output(cfg: RunConfig) -> None:
-    """The output path must not hold a result already, and its folder must be writable."""
+    """The output path must be new, a file name in a folder that is one (or can be made),
+    and writable; a dangling symbolic link is refused (HDF5 would fail later)."""
     if not cfg.output:
         return
     p = Path(cfg.output)
+    if p.is_symlink() and not p.exists():
+        raise ConfigError(f"output = {cfg.output!r} is a dangling symbolic link")
+    if p.is_dir():
+        raise ConfigError(f"output = {cfg.output!r} is a folder: give a file name")
     if p.exists():
         raise ConfigError(
             f"output = {cfg.output!r} exists already: choose another path or "
@@ -216,8 +258,12 @@ def check_output(cfg: RunConfig) -> None:
         )
     parent = p.parent if str(p.parent) else Path(".")
     probe = parent
-    while not probe.exists():
+    while not probe.exists() and not probe.is_symlink():
         probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(
+            f"output = {cfg.output!r}: {str(probe)!r} is a file or a dangling link, not a folder"
+        )
     if not os.access(probe, os.W_OK):
         raise ConfigError(f"output = {cfg.output!r}: folder {str(probe)!r} is not writable")
 
@@ -254,10 +300,10 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
         v = getattr(cfg, name)
         _need(math.isfinite(v) and v > 0, name, v, "must be a finite number > 0")
     if cfg.inject_failure:
-        parts = cfg.inject_failure.split(":")
+        parts = [x.strip() for x in cfg.inject_failure.split(":")]
         ok = (
             len(parts) in (2, 3)
-            and all(p.strip().isdigit() for p in parts[:2])
+            and all(re.fullmatch(r"[0-9]{1,18}", x) for x in parts[:2])
             and (len(parts) == 2 or parts[2] in ("raise", "hang"))
         )
         _need(
@@ -266,6 +312,22 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
             cfg.inject_failure,
             "write RANK:ITERATION or RANK:ITERATION:hang, e.g. '2:5'",
         )
+        rank, it = int(parts[0]), int(parts[1])
+        if n_ranks is not None:
+            _need(
+                rank < n_ranks,
+                "inject_failure",
+                cfg.inject_failure,
+                f"rank {rank} does not exist: the run has ranks 0..{n_ranks - 1}",
+            )
+        if cfg.mode == "practical":
+            _need(
+                1 <= it <= cfg.iterations,
+                "inject_failure",
+                cfg.inject_failure,
+                f"iteration {it} never comes: the run has iterations 1..{cfg.iterations}",
+            )
+    _need(0 <= cfg.seed <= INT_MAX, "seed", cfg.seed, f"a whole number in 0..{INT_MAX}")
     for name in (
         "gamma",
         "epsilon",
@@ -306,6 +368,9 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
             cfg.depth,
             f"depth must be >= the number of ranks ({n_ranks}): every rank owns a layer",
         )
+    err = memory_error(cfg, n_ranks)
+    if err:
+        raise ConfigError(err)
     if check_output:
         _check_output(cfg)
 
