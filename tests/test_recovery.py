@@ -202,7 +202,10 @@ def test_resume_refuses_overrides_and_checks_before_launch(tmp_path, capsys):
         (["--lr", "abc"], "lr: expected a number"),
     ]
     for extra, message in cases:
-        rc = main(["run", "--resume", str(f), *map(str, extra)])
+        try:
+            rc = main(["run", "--resume", str(f), *map(str, extra)])
+        except SystemExit as e:  # argparse's own refusal (--np)
+            rc = e.code
         err = capsys.readouterr().err
         assert rc == 2 and message in err and "Traceback" not in err, (extra, err)
     assert f.read_bytes() == before and not (tmp_path / "other.h5").exists()
