@@ -145,7 +145,8 @@ def test_each_study_gives_its_verdicts_and_figure(results, tmp_path):
     bounds = [v for s in studies for v in s.verdicts if v.kind == "bound" and v.ok is not None]
     assert bounds and all(v.ok for v in bounds), [v for v in bounds if not v.ok]
     text = report.read_text()
-    assert "| study | claim | bound | measured | verdict | sources |" in text
+    assert "| study | claim | bound | measured | verdict | executor | sources |" in text
+    assert all(v.executor == "mpi" for s in studies for v in s.verdicts)  # sweeps run on MPI
     for s in studies:  # every verdict row names the files its numbers came from
         for v in s.verdicts:
             assert v.files and all(f.endswith(".h5") for f in v.files)

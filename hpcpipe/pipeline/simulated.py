@@ -34,7 +34,14 @@ import numpy as np
 
 from hpcpipe.model import rng
 from hpcpipe.model.layers import Orthogonal, backward_layers, forward_layers
-from hpcpipe.model.stages import VARIABLES, Batch, Stage, microbatch_bounds, partition
+from hpcpipe.model.stages import (
+    VARIABLES,
+    Batch,
+    ModelSpec,
+    Stage,
+    microbatch_bounds,
+    partition,
+)
 from hpcpipe.pipeline import schedules
 from hpcpipe.pipeline.clocks import CostModel
 from hpcpipe.pipeline.engine import OracleResult
@@ -139,6 +146,29 @@ def chain_matrix(layers) -> np.ndarray:
     return q
 
 
+_CHAINS: dict[tuple, np.ndarray] = {}
+
+
+def _builtin_chain(spec) -> bool:
+    return isinstance(spec, ModelSpec) and spec.kind == "orthogonal"
+
+
+def builtin_chain_matrix(spec: ModelSpec) -> np.ndarray:
+    """Q = Q₁⋯Q_Δ of a built-in orthogonal chain, built once per process per
+    (seed, Δ, d) (at d = 256 a block's QR costs milliseconds: Δ = 2048 blocks are
+    worth keeping for the next run of the same chain)."""
+    key = (spec.seed, spec.depth, spec.d_in)
+    q = _CHAINS.get(key)
+    if q is None:
+        q = np.eye(spec.d_in)
+        for b in range(spec.depth):
+            q = q @ spec.block(b)[0].q
+        if len(_CHAINS) >= 4:
+            _CHAINS.pop(next(iter(_CHAINS)))
+        _CHAINS[key] = q
+    return q
+
+
 class SimulatedPipeline:
     """A pipeline of ``stages`` stages evaluated in one process, timed by the simulator.
 
@@ -179,8 +209,11 @@ class SimulatedPipeline:
         self.rows = microbatch_bounds(batch.m, microbatches)
         bounds = partition(spec.depth, S)  # raises PartitionError when S > depth
         self.rank, self.size, self.n_stages = 0, 1, S
-        self.model = Stage(spec, 0, spec.depth, 0, 1)
-        if weights is not None:
+        # a built-in orthogonal chain is composed straight from its blocks (cached per
+        # process): the layers themselves are never needed
+        direct = fused != "off" and variable == "input" and _builtin_chain(spec)
+        self.model = None if direct else Stage(spec, 0, spec.depth, 0, 1)
+        if weights is not None and self.model is not None:
             self.model.flat[:] = weights
         if isinstance(schedule, str):
             schedule = schedules.build(schedule, S, self.n_items)
@@ -207,14 +240,17 @@ class SimulatedPipeline:
         ]
         self._timing_args = (tf, tb, _shared(message_costs(costs, widths, item_rows)))
         self._timing: Timing | None = None
-        self.fused = (
+        self.fused = direct or (
             fused != "off" and variable == "input" and is_orthogonal_chain(self.model.layers)
         )
         if fused == "on" and not self.fused:
             raise ValueError("fused = 'on' needs an input variable through an orthogonal chain")
-        self._q = chain_matrix(self.model.layers) if self.fused else None
+        if direct:
+            self._q = builtin_chain_matrix(spec)
+        else:
+            self._q = chain_matrix(self.model.layers) if self.fused else None
         self.local_size = batch.m * spec.d_in if variable == "input" else self.model.size
-        self.head = self.model.head
+        self.head = spec.make_head() if direct else self.model.head
 
     # ------------------------------------------------------------------
     @property
@@ -287,7 +323,7 @@ class SimulatedPipeline:
                 xs[k] = x0 + gamma * rng.noise(self.seed, call, rng.INPUT_PARAM_ID, k, (m, d))
             else:
                 xs[k] = x0
-        base = self.model.views(self.model.flat)
+        base = None if self.model is None else self.model.views(self.model.flat)
         z, cache = self._forward(xs.reshape(K * m, d), base)
         z = z.reshape(K, m, -1)
         dz = np.empty_like(z)

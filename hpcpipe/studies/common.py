@@ -24,6 +24,7 @@ class Record:
     it: dict[str, np.ndarray]
     n_ranks: int
     info: dict
+    executor: str = "mpi"  # "simulated": the simulated pipeline; "mpi": measured on MPI ranks
 
     @property
     def per_iteration_time(self) -> np.ndarray:
@@ -57,6 +58,7 @@ def record(r: Result) -> Record:
         it=r.iterations,
         n_ranks=int(r.attrs.get("n_ranks", 1)),
         info=r.info,
+        executor=str(r.attrs.get("executor", r.config.get("executor", "mpi"))),
     )
 
 
@@ -72,7 +74,8 @@ class Verdict:
     measured: str
     ok: bool | None  # None: reported, not a bound (e.g. a paper claim)
     files: list[str]
-    kind: str = "bound"  # "bound" rows set the exit status; "claim" and "design" rows do not
+    kind: str = "bound"  # "bound" and "consistency" rows set the exit status; "claim", "design" do not
+    executor: str = ""  # where the numbers come from: "simulated", "mpi", or both
 
     @property
     def word(self) -> str:
@@ -82,6 +85,8 @@ class Verdict:
             return "reproduced" if self.ok else "not reproduced"
         if self.kind == "design":  # the study met its own design (reported, not enforced)
             return "design met" if self.ok else "DESIGN NOT MET"
+        if self.kind == "consistency":
+            return "consistent" if self.ok else "INCONSISTENT"
         return "within bound" if self.ok else "VIOLATED"
 
 

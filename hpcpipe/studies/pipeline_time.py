@@ -89,6 +89,24 @@ def study(records, outdir: Path) -> StudyResult:
                 files_of(g),
             )
         )
+        if clock == "wall" and lt > 0:
+            # the model's own slope: each action waits layer_time per layer it holds, so
+            # a slot (one forward and one backward on a stage) costs 2·layer_time·Δ/S
+            per = np.array([2 * lt * r.config["depth"] / r.n_ranks for r in g])
+            ratio = float(np.median(a / per))
+            res.verdicts.append(
+                Verdict(
+                    NAME,
+                    f"{sched} wall-clock slope per slot against the model's "
+                    f"(emulated {lt * 1e3:g} ms/layer)",
+                    f"measured/model per slot within 1 +- {tol:g}; the model's slope "
+                    "2*layer_time*(layers per stage), not a free fit",
+                    f"measured {a * 1e3:.4g} ms/slot, model {float(np.median(per)) * 1e3:.4g} "
+                    f"ms/slot: ratio {ratio:.3f}",
+                    abs(ratio - 1) <= tol,
+                    files_of(g),
+                )
+            )
         for r, xi, ti in zip(g, x, T):
             rows.append(
                 [

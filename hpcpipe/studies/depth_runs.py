@@ -1,0 +1,357 @@
+"""The depth study's runs: GD, AGD and PPRS from Δ = 2 to thousands on the simulated pipeline.
+
+For each x = RL/ε (ε = RL/x from the problem's own L and R), each method and
+each depth Δ, one run of the run loop on the simulated executor (one stage
+per layer, GPipe, m = 1, t_F = t_B = 1τ), written as a result file:
+
+* ``theory``: the method at its theory settings (``mode = "theory"``);
+* ``tuned``: the same T (and γ, K) with the step η scaled by the factor of
+  ``factors`` that reached ε soonest at depth ``tune_depth`` (the iterations
+  on an orthogonal chain do not depend on Δ, so one tuning serves all
+  depths; the tuning runs are kept, tagged ``depth/tune``);
+* ``spot``: MPI spot checks: the theory configurations at Δ in
+  ``spot_depths`` on Δ real ranks (model clock) for ``spot_iterations``
+  iterations, launched as one ``hpcpipe sweep``; the analysis compares them
+  with the simulated runs (consistency, not a claim).
+
+A ``fault`` plants a wrong PPRS for the planted-fault tests: ``k1`` (K = 1),
+``gamma30`` (γ × 30), ``no-momentum``, ``step4`` (η × 4) or
+``depth-per-sample`` (a pipeline that pays the depth once per sample: the
+sequential schedule). Runs go to two worker processes; each writes its own
+file, so an interrupted study resumes by skipping the complete ones.
+
+    python -m hpcpipe.studies.depth_runs --out results/depth-scale
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import multiprocessing
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcpipe.optim.methods import theory_plan
+
+METHODS = ("gd", "agd", "pprs")
+FAULTS = ("k1", "gamma30", "no-momentum", "step4", "depth-per-sample")
+TAG = "depth"
+
+
+@dataclass
+class DepthPlan:
+    """The study's grid (defaults: the shipped study)."""
+
+    out: str = "results/depth-scale"
+    problem: str = "max-chain"
+    dim: int = 16
+    xs: tuple[float, ...] = (16.0, 32.0, 64.0)
+    depths: tuple[int, ...] = (2, 4, 8, 32, 128, 512, 2048)
+    methods: tuple[str, ...] = METHODS
+    factors: tuple[float, ...] = (0.25, 1.0, 4.0, 16.0)
+    tune_depth: int = 2
+    tuned: bool = True
+    spot_depths: tuple[int, ...] = (2, 4, 8)
+    spot_iterations: int = 20
+    workers: int = 2
+    fault: str = ""
+    seed: int = 0
+    extra: dict = field(default_factory=dict)  # further run settings for every point
+
+
+def _base(plan: DepthPlan) -> dict:
+    return {
+        "problem": plan.problem,
+        "dim": plan.dim,
+        "m": 1,
+        "schedule": "gpipe",
+        "executor": "simulated",
+        "progress": "off",
+        "seed": plan.seed,
+        "timeline_limit": 0,
+        **plan.extra,
+    }
+
+
+def constants(plan: DepthPlan) -> tuple[float, float, int]:
+    """(L, R, d) of the study's problem, from a depth-1 instance (they do not depend on Δ)."""
+    from mpi4py import MPI
+
+    from hpcpipe.run.config import make_config
+    from hpcpipe.run.runner import make_problem
+
+    cfg = make_config({**_base(plan), "depth": 1, "mode": "practical"})
+    prob = make_problem(cfg, MPI.COMM_SELF)
+    return float(prob.L), float(prob.R), int(prob.dim)
+
+
+def practical(opt: str, eps: float, L: float, R: float, d: int) -> dict:
+    """The theory plan written as practical settings (to scale its step or plant a fault)."""
+    plan = theory_plan(opt, eps, L, R, d)
+    m = plan.method
+    return {
+        "optimizer": opt,
+        "mode": "practical",
+        "lr": m.lr,
+        "momentum": str(m.momentum),
+        "gamma": m.gamma,
+        "samples": m.samples,
+        "iterations": plan.iterations,
+        "epsilon": eps,
+    }
+
+
+def plant(values: dict, fault: str) -> dict:
+    """A PPRS configuration with a planted fault (see the module docstring)."""
+    v = dict(values)
+    if fault == "k1":
+        v["samples"] = 1
+    elif fault == "gamma30":
+        v["gamma"] = 30 * v["gamma"]
+    elif fault == "no-momentum":
+        v["momentum"] = "0"
+    elif fault == "step4":
+        v["lr"] = 4 * v["lr"]
+    elif fault == "depth-per-sample":
+        v["schedule"] = "sequential"
+    else:
+        raise ValueError(f"fault {fault!r}: choose one of {', '.join(FAULTS)}")
+    return v
+
+
+def _label(setting: str, opt: str, x: float, depth: int, extra: str = "") -> str:
+    return f"{setting}-{opt}-x{x:g}-D{depth}" + (f"-{extra}" if extra else "")
+
+
+def theory_points(plan: DepthPlan, L: float, R: float, d: int) -> list[tuple[str, dict]]:
+    pts = []
+    for x in plan.xs:
+        eps = R * L / x
+        for opt in plan.methods:
+            for depth in plan.depths:
+                v = {**_base(plan), "depth": depth, "tag": f"{TAG}/theory"}
+                if plan.fault and opt == "pprs":
+                    v.update(plant({**v, **practical(opt, eps, L, R, d)}, plan.fault))
+                else:
+                    v.update(optimizer=opt, mode="theory", epsilon=eps)
+                pts.append((_label("theory", opt, x, depth), v))
+    return pts
+
+
+def run_point(item: tuple[str, dict, str]) -> dict:
+    """Run one point into its file (skipped when the file is complete); its summary."""
+    from mpi4py import MPI
+
+    from hpcpipe.run.config import make_config
+    from hpcpipe.run.results import ResultsError, load
+    from hpcpipe.run.runner import run
+
+    label, values, path = item
+    p = Path(path)
+    t0 = time.perf_counter()
+    if p.exists():
+        try:
+            r = load(p)
+            if r.status in ("complete", "diverged"):
+                return _summary(label, r.iterations, values, 0.0)
+        except ResultsError:
+            pass
+        p.unlink()
+    cfg = make_config({**values, "output": str(p)})
+    res = run(cfg, MPI.COMM_SELF, label=label)
+    it = {c: res.column(c) for c in ("iteration", "gap", "pipeline_time")}
+    return _summary(label, it, values, time.perf_counter() - t0)
+
+
+def _summary(label: str, it: dict, values: dict, seconds: float) -> dict:
+    """Iterations and pipeline time at the first iterate with f − f* <= ε."""
+    import numpy as np
+
+    gap = np.asarray(it["gap"])
+    hit = np.flatnonzero(np.isfinite(gap) & (gap <= values["epsilon"]))
+    first = int(hit[0]) if hit.size else -1
+    return {
+        "label": label,
+        "iterations": float(it["iteration"][first]) if first >= 0 else math.nan,
+        "time": float(it["pipeline_time"][first]) if first >= 0 else math.nan,
+        "seconds": seconds,
+    }
+
+
+def _run_all(items: list[tuple[str, dict, str]], workers: int, log) -> list[dict]:
+    items = sorted(items, key=lambda t: -_cost(t[1]))  # longest first: better packing
+    if workers <= 1:
+        out = [run_point(t) for t in items]
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(workers) as pool:
+            out = list(pool.imap_unordered(run_point, items))
+    for s in out:
+        if s["seconds"]:
+            log(f"  {s['label']}: {s['seconds']:.1f} s")
+    return out
+
+
+def _cost(v: dict) -> float:
+    """A rough work estimate of a point (for ordering only)."""
+    return float(v.get("depth", 1)) * float(v.get("samples", 1) or 1)
+
+
+def tune(plan: DepthPlan, L: float, R: float, d: int, log) -> dict:
+    """Per (method, x): the step factor with the smallest time to ε at ``tune_depth``."""
+    out = Path(plan.out)
+    items = []
+    for x in plan.xs:
+        eps = R * L / x
+        for opt in plan.methods:
+            for c in plan.factors:
+                v = {**_base(plan), **practical(opt, eps, L, R, d)}
+                v.update(depth=plan.tune_depth, lr=c * v["lr"], tag=f"{TAG}/tune")
+                label = _label("tune", opt, x, plan.tune_depth, f"c{c:g}")
+                items.append((label, v, str(out / "tune" / f"{label}.h5")))
+    got = {s["label"]: s for s in _run_all(items, plan.workers, log)}
+    best = {}
+    for x in plan.xs:
+        for opt in plan.methods:
+            scores = [
+                (got[_label("tune", opt, x, plan.tune_depth, f"c{c:g}")]["time"], c)
+                for c in plan.factors
+            ]
+            reached = [(t, c) for t, c in scores if math.isfinite(t)]
+            best[(opt, x)] = min(reached)[1] if reached else 1.0
+    return best
+
+
+def tuned_points(plan, best, L, R, d) -> list[tuple[str, dict]]:
+    pts = []
+    for x in plan.xs:
+        eps = R * L / x
+        for opt in plan.methods:
+            for depth in plan.depths:
+                v = {**_base(plan), **practical(opt, eps, L, R, d)}
+                v.update(depth=depth, lr=best[(opt, x)] * v["lr"], tag=f"{TAG}/tuned")
+                pts.append((_label("tuned", opt, x, depth), v))
+    return pts
+
+
+def spot_sweep(plan: DepthPlan, L: float, R: float, d: int) -> Path:
+    """The MPI spot checks as a sweep file (executor = mpi, Δ ranks, model clock)."""
+    out = Path(plan.out)
+    cases = []
+    for x in plan.xs:
+        eps = R * L / x
+        for opt in plan.methods:
+            for depth in plan.spot_depths:
+                v = {**_base(plan), **practical(opt, eps, L, R, d)}
+                v.update(depth=depth, tag=f"{TAG}/spot", executor="mpi", wait="sleep")
+                v["iterations"] = plan.spot_iterations
+                if plan.fault and opt == "pprs":
+                    v = plant(v, plan.fault)
+                cases.append({"label": _label("spot", opt, x, depth), **v})
+    path = out / "spot-sweep.toml"
+    lines = [
+        "# MPI spot checks of the depth study (generated by hpcpipe.studies.depth_runs)",
+        "[sweep]",
+        'name = "depth-spot"',
+        f"out = {json.dumps(str(out / 'spot'))}",
+        'ranks = "depth"',
+        "",
+    ]
+    for c in cases:
+        lines.append("[[cases]]")
+        lines += [f"{k} = {json.dumps(w)}" for k, w in c.items()]
+        lines.append("")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+    return path
+
+
+def run_study(plan: DepthPlan, log=print) -> dict:
+    """Tune, run the grid on the simulated pipeline, run the MPI spot checks; timings."""
+    out = Path(plan.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps(dataclasses.asdict(plan), indent=1))
+    L, R, d = constants(plan)
+    clock = {}
+    t0 = time.perf_counter()
+    items = [(lb, v, str(out / "theory" / f"{lb}.h5")) for lb, v in theory_points(plan, L, R, d)]
+    if plan.tuned and not plan.fault:
+        log(f"tuning the step at depth {plan.tune_depth} ({len(plan.factors)} factors)")
+        best = tune(plan, L, R, d, log)
+        (out / "tuned-factors.json").write_text(
+            json.dumps({f"{o} x={x:g}": c for (o, x), c in best.items()}, indent=1)
+        )
+        items += [
+            (lb, v, str(out / "tuned" / f"{lb}.h5")) for lb, v in tuned_points(plan, best, L, R, d)
+        ]
+        clock["tune"] = time.perf_counter() - t0
+    log(f"{len(items)} simulated runs, {plan.workers} workers")
+    t1 = time.perf_counter()
+    _run_all(items, plan.workers, log)
+    clock["simulated"] = time.perf_counter() - t1
+    if plan.spot_depths:
+        t2 = time.perf_counter()
+        sweep = spot_sweep(plan, L, R, d)
+        np_ = max(plan.spot_depths)
+        cmd = [sys.executable, "-m", "hpcpipe", "sweep", str(sweep), "--np", str(np_)]
+        log("MPI spot checks: " + " ".join(cmd))
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            log(proc.stdout[-3000:] + proc.stderr[-3000:])
+            raise RuntimeError(f"the MPI spot checks failed (exit {proc.returncode})")
+        clock["mpi"] = time.perf_counter() - t2
+    clock["total"] = time.perf_counter() - t0
+    (out / "timings.json").write_text(json.dumps(clock, indent=1))
+    log("wall seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in clock.items()))
+    return clock
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(t) for t in text.split(",") if t.strip())
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(t) for t in text.split(",") if t.strip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    d = DepthPlan()
+    p = argparse.ArgumentParser(prog="python -m hpcpipe.studies.depth_runs", description=__doc__)
+    p.add_argument("--out", default=d.out)
+    p.add_argument("--problem", default=d.problem)
+    p.add_argument("--dim", type=int, default=d.dim)
+    p.add_argument("--xs", type=_floats, default=d.xs, help="RL/eps values, comma separated")
+    p.add_argument("--depths", type=_ints, default=d.depths)
+    p.add_argument("--spot-depths", type=_ints, default=d.spot_depths)
+    p.add_argument("--spot-iterations", type=int, default=d.spot_iterations)
+    p.add_argument("--workers", type=int, default=d.workers)
+    p.add_argument("--no-tuned", action="store_true")
+    p.add_argument("--fault", default="", choices=("",) + FAULTS)
+    a = p.parse_args(argv)
+    bad = [x for x in a.depths + a.spot_depths if x < 1] + [x for x in a.xs if not x > 0]
+    if bad or a.dim < 1 or a.workers < 1 or a.spot_iterations < 1:
+        print(f"depth_runs: depths, dim, workers must be >= 1 and xs > 0 (got {bad})")
+        return 2
+    plan = DepthPlan(
+        out=a.out,
+        problem=a.problem,
+        dim=a.dim,
+        xs=a.xs,
+        depths=a.depths,
+        spot_depths=a.spot_depths,
+        spot_iterations=a.spot_iterations,
+        workers=a.workers,
+        tuned=not a.no_tuned,
+        fault=a.fault,
+    )
+    run_study(plan)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
