@@ -215,7 +215,14 @@ def test_trivial_instance_fails_the_depth_check(results, tmp_path):
     assert "the instance is trivial" in text and "VIOLATED" in text
 
 
-FIGURES = {"pipeline_time.png", "depth.png", "dimension.png", "smooth.png", "paper_curves.png"}
+FIGURES = {
+    "pipeline_time.png",
+    "depth.png",
+    "dimension.png",
+    "smooth.png",
+    "paper_attack_curves.png",
+    "paper_attack_stability.png",
+}
 
 
 def test_every_figure_has_units_title_a_legend_off_the_curves_and_the_reported_fit(
@@ -237,7 +244,17 @@ def test_every_figure_has_units_title_a_legend_off_the_curves_and_the_reported_f
     assert set(figs) == FIGURES
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+    maps = {n for n in figs if n.endswith("_stability.png")}  # heat maps: a colour bar, no legend
+    for name in maps:
+        fig = figs[name]
+        cbars = [ax for ax in fig.axes if re.search(r"\((logits|nats)\)", ax.get_ylabel())]
+        assert cbars, f"{name}: the colour bar names its unit"
+        for ax in fig.axes:
+            if ax not in cbars and ax.axison:
+                assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title(), name
     for name, fig in figs.items():
+        if name in maps:
+            continue
         canvas = FigureCanvasAgg(fig)  # the saved figure is closed: draw it again
         canvas.draw()
         renderer = canvas.get_renderer()
@@ -257,7 +274,10 @@ def test_every_figure_has_units_title_a_legend_off_the_curves_and_the_reported_f
                 assert text.get_fontsize() >= 7, name
         data_axes = [ax for ax in fig.axes if "residual" not in ax.get_ylabel()]
         for ax in data_axes:  # a unit in brackets on the measured axis
-            assert re.search(r"\((tau|s|count|logits)\)", ax.get_ylabel()), (name, ax.get_ylabel())
+            assert re.search(r"\((tau|s|count|logits|nats|ratio)\)", ax.get_ylabel()), (
+                name,
+                ax.get_ylabel(),
+            )
     # pipeline time: a panel and a residual panel per clock, a fit per schedule in the legend,
     # with the coefficient the verdict reports, and distinct colours per schedule
     pt = figs["pipeline_time.png"]
@@ -284,16 +304,22 @@ def test_every_figure_has_units_title_a_legend_off_the_curves_and_the_reported_f
     assert any("upper bound" in lab for lab in sm)
     # depth: the bound's planned time is marked
     dp = [t.get_text() for t in figs["depth.png"].axes[0].get_legend().get_texts()]
-    assert any(lab.startswith("bound") for lab in dp) and any("fit" in lab for lab in dp)
+    assert any(lab.startswith("bounds' constants") for lab in dp)
+    assert any(lab.startswith("from iteration counts") for lab in dp)
 
 
 def test_report_table_lists_sources_as_short_references(results, tmp_path):
     _, path = analyse([str(results)], tmp_path / "report")
     text = path.read_text()
-    table = [line for line in text.splitlines() if line.startswith("| ")]
-    assert table[0].endswith("| sources |")
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| study | claim"))
+    table = []  # the verdict table: the rows up to its first blank line
+    for line in lines[head:]:
+        if not line.startswith("| "):
+            break
+        table.append(line)
+    assert table[0].endswith("| sources |") and len(table) > 3
     for row in table[2:]:
-        if row.count("|") == 7:  # verdict rows
-            assert ".h5" not in row and re.search(r"S\d+ \(\d+ files?\) \|$", row)
+        assert ".h5" not in row and re.search(r"S\d+ \(\d+ files?\) \|$", row)
     appendix = text[text.index("## Sources") :]
     assert appendix.count(".h5") >= 10

@@ -74,7 +74,7 @@ class Verdict:
     measured: str
     ok: bool | None  # None: reported, not a bound (e.g. a paper claim)
     files: list[str]
-    kind: str = "bound"  # "bound" and "consistency" rows set the exit status; "claim", "design" do not
+    kind: str = "bound"  # "bound", "consistency" set the exit status; "claim", "design" do not
     executor: str = ""  # where the numbers come from: "simulated", "mpi", or both
 
     @property

@@ -37,7 +37,14 @@ import numpy as np
 
 from hpcpipe.optim.methods import theory_plan
 from hpcpipe.pipeline.simulator import closed_form
-from hpcpipe.studies.common import StudyResult, Verdict, figure, files_of, save_figure
+from hpcpipe.studies.common import (
+    StudyResult,
+    Verdict,
+    figure,
+    files_of,
+    legend_outside,
+    save_figure,
+)
 
 NAME = "depth"
 SETTINGS = ("theory", "tuned")
@@ -298,7 +305,7 @@ def _crossovers(res, recs, times, iters, Ks, d, outdir) -> None:
     """Crossover table (measured, bounds, iteration counts), saturation, the claim rows."""
     table = []
     plt = figure()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = plt.subplots(figsize=(8.4, 4.6))
     L, R = recs[0].problem["L"], recs[0].problem["R"]
     for st in SETTINGS:
         for x in sorted({k[2] for k in times if k[0] == st}):
@@ -382,9 +389,23 @@ def _crossovers(res, recs, times, iters, Ks, d, outdir) -> None:
             )
             (line,) = ax.plot(depths, ratio, "o-", label=f"{st} x={x:g} measured")
             grid = np.geomspace(depths[0], depths[-1], 60)
-            ax.plot(grid, law_ratio(Tg, Tp, Kp, grid), "--", color=line.get_color(), lw=1)
+            ax.plot(
+                grid,
+                law_ratio(Tg, Tp, Kp, grid),
+                "--",
+                color=line.get_color(),
+                lw=1,
+                label=f"bounds' constants x={x:g}",
+            )
             if math.isfinite(i_gd + i_pp):
-                ax.plot(grid, law_ratio(i_gd, i_pp, K, grid), ":", color=line.get_color(), lw=1)
+                ax.plot(
+                    grid,
+                    law_ratio(i_gd, i_pp, K, grid),
+                    ":",
+                    color=line.get_color(),
+                    lw=1,
+                    label=f"from iteration counts x={x:g}",
+                )
     if not table:
         plt.close(fig)
         return
@@ -392,9 +413,9 @@ def _crossovers(res, recs, times, iters, Ks, d, outdir) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("depth")
-    ax.set_ylabel("GD time / PPRS time to eps")
-    ax.set_title("dots: measured; dashed: bounds' constants; dotted: iteration counts", fontsize=8)
-    ax.legend(fontsize=6)
+    ax.set_ylabel("GD time / PPRS time to eps (ratio)")
+    ax.set_title("GD/PPRS time to eps: measured, and predicted two ways", fontsize=9)
+    legend_outside(ax)
     save_figure(fig, outdir, "depth.png", res)
     res.tables.append(
         (

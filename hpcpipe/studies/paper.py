@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcpipe.studies.common import StudyResult, Verdict, figure, save_figure
+from hpcpipe.studies.common import StudyResult, Verdict, figure, legend_outside, save_figure
 
 NAME = "paper"
 METHODS = ("GD", "AGD", "PPRS K=2", "PPRS K=10", "PPRS K=100")
@@ -746,7 +746,7 @@ def _figures(res: StudyResult, kind: str, group: list[Setting], outdir: Path) ->
     n = len(group)
     cols = min(n, 2)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(7.5 * cols, 3.8 * rows), squeeze=False)
     colors = dict(zip(METHODS, ("C0", "C1", "C3", "C2", "C4")))
     for ax, s in zip(axes.flat, group):
         for meth, c in data[s.name]["curves"].items():
@@ -755,8 +755,10 @@ def _figures(res: StudyResult, kind: str, group: list[Setting], outdir: Path) ->
             ax.fill_between(t, c["min"], c["max"], color=colors[meth], alpha=0.15, lw=0)
         ax.set_title(f"{s.name}: median and min-max over {len(s.targets) or '?'} seeds", fontsize=9)
         ax.set_xlabel("pipeline time (tau)")
-        ax.set_ylabel("loss" + (" (clipped targeted margin)" if kind == "attack" else " (CE)"))
-        ax.legend(fontsize=7)
+        ax.set_ylabel(
+            "clipped targeted margin (logits)" if kind == "attack" else "cross-entropy (nats)"
+        )
+        legend_outside(ax)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     save_figure(fig, outdir, f"paper_{slug}_curves.png", res)
@@ -785,7 +787,10 @@ def _figures(res: StudyResult, kind: str, group: list[Setting], outdir: Path) ->
             f"{s.name}: median final loss (grey: diverged); Uk = k unstable seeds; * best",
             fontsize=8,
         )
-        fig.colorbar(im, ax=ax, fraction=0.04)
+        fig.colorbar(im, ax=ax, fraction=0.04).set_label(
+            "median final loss" + (" (logits)" if kind == "attack" else " (nats)")
+        )
+        ax.set_ylabel("method")
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     save_figure(fig, outdir, f"paper_{slug}_stability.png", res)
