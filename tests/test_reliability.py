@@ -291,6 +291,7 @@ def test_shipped_configs_and_sweeps_validate(tmp_path):
     assert {s.stem for s in sweeps} == {
         "pipeline-time",
         "depth",
+        "depth-mpi",
         "dimension",
         "smooth",
         "paper",

@@ -61,19 +61,23 @@ class AGD(Optimizer):
 
     momentum: float | str = "nesterov"
 
+    #: momentum names besides a number: AGD's and PPRS's Nesterov rule, PPRS's AC-SA rule
+    named_momenta: ClassVar[tuple[str, ...]] = ("nesterov",)
+
     @classmethod
     def check(cls, cfg: Settings) -> None:
         super().check(cfg)
-        if cfg.momentum != "nesterov":
+        if cfg.momentum not in cls.named_momenta:
             try:
                 mu = float(cfg.momentum) if cfg.momentum.isascii() else -1.0
             except ValueError:
                 mu = -1.0
-            need(0 <= mu < 1, "momentum", cfg.momentum, "'nesterov' or a number in [0, 1)")
+            names = " or ".join(repr(m) for m in cls.named_momenta)
+            need(0 <= mu < 1, "momentum", cfg.momentum, f"{names} or a number in [0, 1)")
 
     @classmethod
     def from_config(cls, cfg: Settings) -> AGD:
-        mom = cfg.momentum if cfg.momentum == "nesterov" else float(cfg.momentum)
+        mom = cfg.momentum if cfg.momentum in cls.named_momenta else float(cfg.momentum)
         if cls.smoothing:
             return cls(cfg.lr, cfg.gamma, cfg.samples, mom)
         return cls(cfg.lr, momentum=mom)
@@ -111,6 +115,7 @@ class PPRS(AGD):
 
     name: ClassVar[str] = "pprs"
     smoothing: ClassVar[bool] = True
+    named_momenta: ClassVar[tuple[str, ...]] = ("nesterov", "acsa")
 
     def init(self, theta0: np.ndarray, project: Projection) -> OptState:
         if self.momentum == "acsa":

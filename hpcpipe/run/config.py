@@ -65,7 +65,9 @@ class RunConfig:
     )
     lr: float = setting(1e-2, "step size eta", OPTIMIZER)
     momentum: str = setting(
-        "nesterov", "'nesterov' ((t-1)/(t+2)) or a constant momentum in [0, 1)", OPTIMIZER
+        "nesterov",
+        "'nesterov' ((t-1)/(t+2)), 'acsa' (PPRS: AC-SA's update) or a constant in [0, 1)",
+        OPTIMIZER,
     )
     gamma: float = setting(0.0, "smoothing radius gamma of PPRS (0: no smoothing)", OPTIMIZER)
     samples: int = setting(1, "smoothing samples K per iteration (PPRS)", OPTIMIZER)
