@@ -60,6 +60,16 @@ def header(comm=None, what: str = "") -> None:
         print(what)
 
 
+def finish(comm, columns: list[tuple[str, str]], rows: list[dict]) -> int:
+    """Rank 0 prints the figures and the sanity line; exit status 1 when a row is not sane."""
+    if comm.rank != 0:
+        return 0
+    print(figures(columns, rows))
+    ok = all(r["sane"] for r in rows)
+    print("sanity: " + ("ok" if ok else "FAILED (non-finite or zero times)"))
+    return 0 if ok else 1
+
+
 def figures(columns: list[tuple[str, str]], rows: list[dict]) -> str:
     """The figure table: ``columns`` are (key, heading with unit) pairs."""
     return table([h for _, h in columns], [[r[k] for k, _ in columns] for r in rows])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcpipe.bench.common import figures, header, median
+from hpcpipe.bench.common import finish, header, median
 from hpcpipe.model.stages import ModelSpec, random_batch
 from hpcpipe.pipeline.clocks import CostModel
 from hpcpipe.pipeline.engine import Engine
@@ -115,9 +115,4 @@ def bench_pipeline(
         f"wall-clock oracle call, emulated layers ({'spin' if spin else 'sleep'}), "
         f"median of {repeats}; model = simulator, no message cost",
     )
-    if comm.rank == 0:
-        print(figures(COLUMNS, rows))
-        ok = all(r["sane"] for r in rows)
-        print("sanity: " + ("ok" if ok else "FAILED (non-finite or zero times)"))
-        return 0 if ok else 1
-    return 0
+    return finish(comm, COLUMNS, rows)

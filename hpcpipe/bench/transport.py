@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hpcpipe.bench.common import figures, header, median
+from hpcpipe.bench.common import finish, header, median
 
 SIZES = [8 << k for k in range(0, 20)]  # 8 B .. 4 MiB
 RAW_PATHS = ("send-recv", "irecv", "persistent")
@@ -268,12 +268,7 @@ def bench_transport(
         f"alternating the raw paths ({', '.join(RAW_PATHS)}) and the channel (wait policy "
         f"{waiter.policy}); medians over rounds; ratio = channel / best raw path, per round",
     )
-    if comm.rank == 0:
-        print(figures(COLUMNS, rows))
-        ok = all(r["sane"] for r in rows)
-        print("sanity: " + ("ok" if ok else "FAILED (non-finite or zero times)"))
-        return 0 if ok else 1
-    return 0
+    return finish(comm, COLUMNS, rows)
 
 
 def channel_latency(comm, n_doubles: int, iters: int) -> float:
