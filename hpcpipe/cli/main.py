@@ -472,9 +472,12 @@ def _recorded_iteration(r, wanted: int | None, source: str) -> int | str:
     return wanted
 
 
-def cmd_trace(args) -> int:
-    from hpcpipe.run.trace import write_trace
+def _picture_source(args, default_last: bool):
+    """For ``trace`` and ``plot``: refuse a bad ``-o``, load the result, resolve
+    ``--iteration`` (None: all of them, or the last recorded with ``default_last``).
 
+    Returns (result, iteration) or an exit status after printing why.
+    """
     err = _output_error(args.output, (args.result,), args.force)
     if err:
         print(f"hpcpipe: {err}", file=sys.stderr)
@@ -482,13 +485,23 @@ def cmd_trace(args) -> int:
     r = _load_result(args.result)
     if r is None:
         return 2
-    its = None
-    if args.iteration is not None:
-        it = _recorded_iteration(r, args.iteration, args.result)
-        if isinstance(it, str):
-            print(f"hpcpipe: {it}", file=sys.stderr)
-            return 2
-        its = [it]
+    if args.iteration is None and not default_last:
+        return r, None
+    it = _recorded_iteration(r, args.iteration, args.result)
+    if isinstance(it, str):
+        print(f"hpcpipe: {it}", file=sys.stderr)
+        return 2
+    return r, it
+
+
+def cmd_trace(args) -> int:
+    from hpcpipe.run.trace import write_trace
+
+    got = _picture_source(args, default_last=False)
+    if isinstance(got, int):
+        return got
+    r, it = got
+    its = None if it is None else [it]
     clock = str(r.attrs.get("clock", "wall"))
     flush_every = int(r.config.get("flush_every", 0))
     n = write_trace(r.timeline, args.output, clock, its, r.iterations, flush_every)
@@ -519,17 +532,10 @@ def cmd_export(args) -> int:
 def cmd_plot(args) -> int:
     from hpcpipe.run.trace import gantt_png, timeline_rows
 
-    err = _output_error(args.output, (args.result,), args.force)
-    if err:
-        print(f"hpcpipe: {err}", file=sys.stderr)
-        return 2
-    r = _load_result(args.result)
-    if r is None:
-        return 2
-    it = _recorded_iteration(r, args.iteration, args.result)
-    if isinstance(it, str):
-        print(f"hpcpipe: {it}", file=sys.stderr)
-        return 2
+    got = _picture_source(args, default_last=True)
+    if isinstance(got, int):
+        return got
+    r, it = got
     clock = str(r.attrs.get("clock", "wall"))
     gantt_png(
         timeline_rows(r.timeline, it),
