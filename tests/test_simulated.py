@@ -13,6 +13,7 @@ from hpcpipe.pipeline import simulated
 from hpcpipe.pipeline.clocks import CostModel
 from hpcpipe.pipeline.simulated import SimulatedPipeline
 from hpcpipe.pipeline.simulator import closed_form
+from hpcpipe.problems.chains import chain_map
 from hpcpipe.run.config import ConfigError, make_config, validate
 from hpcpipe.run.results import load
 from hpcpipe.run.runner import run
@@ -30,6 +31,22 @@ def test_fused_chain_equals_layered():
     np.testing.assert_allclose(a.grad, b.grad, rtol=0, atol=1e-12)
     np.testing.assert_allclose(a.item_losses, b.item_losses, rtol=0, atol=1e-12)
     assert a.time == b.time
+
+
+def test_chain_prefixes_equal_the_layered_product():
+    simulated.clear_chains()
+    spec = {
+        D: ModelSpec("orthogonal", depth=D, d_in=6, d_out=6, head="max", seed=3) for D in (3, 8, 11)
+    }
+    first = {D: simulated.builtin_chain_matrix(spec[D]) for D in (8, 3, 11)}  # 3, 11: prefixes
+    for D, q in first.items():
+        np.testing.assert_allclose(q, chain_map(spec[D]), rtol=0, atol=1e-13)
+        np.testing.assert_allclose(q @ q.T, np.eye(6), rtol=0, atol=1e-13)
+    simulated.clear_chains()
+    for D in (11, 3):  # built from scratch: the same floats as from a kept prefix
+        assert np.array_equal(simulated.builtin_chain_matrix(spec[D]), first[D])
+    assert simulated.builtin_chain_matrix(spec[11]) is simulated.builtin_chain_matrix(spec[11])
+    assert not first[11].flags.writeable
 
 
 @pytest.mark.parametrize(
@@ -67,6 +84,9 @@ def test_timing_simulated_once_and_equal_to_closed_form(monkeypatch):
         for it in range(5):
             times.append(sim.evaluate(sim.initial_point(), 0.1, call=it).time)
     assert calls == ["gpipe"]
+    assert sim.timing.result is None  # no timeline asked: no per-action records
+    assert sim.recorded_timing().result is not None and calls == ["gpipe", "gpipe"]
+    assert sim.recorded_timing().makespan == times[0] and calls == ["gpipe"] * 2
     c = costs.message(1 * 4 * 8)  # one row of width 4 per item
     assert times[0] == pytest.approx(closed_form("gpipe", 4, 12, 3e-3, 6e-3, c), rel=1e-12)
     assert len(set(times)) == 1
@@ -128,3 +148,41 @@ def test_result_file_records_the_executor(tmp_path):
     assert busy.shape == (8,) and np.all(busy == 4 * 3 * 4.0)  # 4 calls x 3 items x (2 + 2)
     assert np.all(r.stages["actions"] == 4 * 2 * 3)
     assert set(r.timeline["stage"].tolist()) == set(range(8))  # every stage's events
+
+
+def test_no_timeline_asks_for_no_per_action_records(tmp_path, monkeypatch):
+    asked = []
+    real = simulated.simulate
+
+    def spy(*a, record=False, **k):
+        asked.append(record)
+        return real(*a, record=record, **k)
+
+    monkeypatch.setattr(simulated, "simulate", spy)
+    simulated.clear_timings()
+    base = dict(
+        problem="max-chain",
+        depth=6,
+        dim=3,
+        executor="simulated",
+        optimizer="pprs",
+        samples=4,
+        gamma=0.1,
+        iterations=5,
+        progress="off",
+    )
+    quiet = run(
+        make_config(
+            dict(base, output=str(tmp_path / "a.h5"), timeline_limit=0, timeline_every=100)
+        ),
+        MPI.COMM_SELF,
+    )
+    assert asked and not any(asked) and len(load(tmp_path / "a.h5").timeline["stage"]) == 0
+    asked.clear()
+    simulated.clear_timings()
+    full = run(
+        make_config(dict(base, output=str(tmp_path / "b.h5"), timeline_limit=2)), MPI.COMM_SELF
+    )
+    assert True in asked and len(load(tmp_path / "b.h5").timeline["stage"]) == 2 * 6 * 2 * 4
+    a, b = quiet.column("pipeline_time"), full.column("pipeline_time")
+    assert np.array_equal(a, b) and np.array_equal(quiet.column("loss"), full.column("loss"))

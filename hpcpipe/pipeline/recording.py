@@ -81,7 +81,10 @@ class SimulatedRecorder(Recorder):
     per-stage totals add it once per call, and the per-action events of a
     recorded iteration are its copy (only for schedules of at most
     ``simulated.RECORD_LIMIT`` actions; larger ones keep the totals only).
-    The timeline's rank field holds the stage.
+    The per-action times are asked of the simulator at the first iteration
+    the timeline keeps, so a run that keeps none (no output, or
+    ``timeline_limit = 0`` with ``timeline_every`` above its iterations)
+    never asks for them. The timeline's rank field holds the stage.
     """
 
     def __init__(self, executor, limit: int, every: int, keep: bool = True):
@@ -91,18 +94,26 @@ class SimulatedRecorder(Recorder):
         self.busy, self.wait, self.idle = np.zeros(S), np.zeros(S), np.zeros(S)
         self.actions = np.zeros(S, dtype=np.int64)
         self.pending = []
-        res = self.timing.result
-        self._static = None
-        if res is not None and keep:
-            parts = []
-            for s, codes in enumerate(executor.schedule.codes):
-                rows = np.zeros((len(codes), N_FIELDS))
-                rows[:, 1] = rows[:, 2] = s
-                rows[:, 3] = kinds(codes)
-                rows[:, 4] = items(codes)
-                rows[:, 5], rows[:, 6], rows[:, 7] = res.waits[s], res.readys[s], res.ends[s]
-                parts.append(rows)
-            self._static = np.concatenate(parts)
+        self._static: np.ndarray | None = None
+        self._asked = False
+
+    def _events(self) -> np.ndarray | None:
+        """The call's per-action rows (iteration field 0), built on first use; None when
+        the schedule is above ``simulated.RECORD_LIMIT`` actions."""
+        if not self._asked:
+            self._asked = True
+            res = self.engine.recorded_timing().result
+            if res is not None:
+                parts = []
+                for s, codes in enumerate(self.engine.schedule.codes):
+                    rows = np.zeros((len(codes), N_FIELDS))
+                    rows[:, 1] = rows[:, 2] = s
+                    rows[:, 3] = kinds(codes)
+                    rows[:, 4] = items(codes)
+                    rows[:, 5], rows[:, 6], rows[:, 7] = res.waits[s], res.readys[s], res.ends[s]
+                    parts.append(rows)
+                self._static = np.concatenate(parts)
+        return self._static
 
     def record(self, it: int, call_time: float) -> None:
         t = self.timing
@@ -110,7 +121,7 @@ class SimulatedRecorder(Recorder):
         self.wait += t.wait
         self.idle += t.idle
         self.actions += t.actions
-        if self._static is not None and self.wants(it):
+        if self.keep and self.wants(it) and self._events() is not None:
             rows = self._static.copy()
             rows[:, 0] = it
             self.pending.append(rows)

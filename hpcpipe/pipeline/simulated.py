@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.linalg import lapack
 
 from hpcpipe.model import rng
 from hpcpipe.model.layers import Orthogonal, backward_layers, forward_layers
@@ -58,7 +59,8 @@ class Timing:
     makespan: the call's pipeline time; per stage: busy = n(t_F + t_B), wait
     = end_s − busy_s (a stage is either computing or waiting for an input
     until its last action ends), idle = makespan − end_s; ``result`` holds
-    the per-action times when the schedule has at most RECORD_LIMIT actions.
+    the per-action times when they were asked for (``record=True``, for a
+    timeline) and the schedule has at most RECORD_LIMIT actions, else None.
     """
 
     makespan: float
@@ -77,11 +79,17 @@ def schedule_timing(
     t_forward: list[float],
     t_backward: list[float],
     message: list[list[float]],
+    record: bool = False,
 ) -> Timing:
     """Simulate ``schedule`` once for these costs; later calls with the same key reuse it.
 
     Built-in schedules are keyed by (name, S, n, costs, message costs); a
-    schedule object of one's own by its identity.
+    schedule object of one's own by its identity. ``record`` asks for the
+    per-action times as well (a timeline): the simulator then walks the
+    schedule action by action instead of its vectorised kernel, about twice
+    the cost at Δ = 4096, so a timing without them is simulated without
+    them and re-simulated only if a timeline later asks (both give the same
+    makespan bit for bit: ``simulator.simulate``).
     """
     name = schedule.name if schedule.name in schedules.SCHEDULES else id(schedule)
     key = (
@@ -92,10 +100,10 @@ def schedule_timing(
         tuple(t_backward),
         tuple(tuple(row) for row in _compress(message)),
     )
+    record = record and len(schedule) <= RECORD_LIMIT
     hit = _TIMINGS.get(key)
-    if hit is not None:
+    if hit is not None and (hit.result is not None or not record):
         return hit
-    record = len(schedule) <= RECORD_LIMIT
     res = simulate(schedule, t_forward, t_backward, message, record=record)
     end = np.array(res.stage_end)
     busy = np.array(res.busy)
@@ -107,7 +115,7 @@ def schedule_timing(
         np.array([len(c) for c in schedule.codes], dtype=np.int64),
         res if record else None,
     )
-    if len(_TIMINGS) >= 64:  # a sweep's configurations, bounded
+    if hit is None and len(_TIMINGS) >= 64:  # a sweep's configurations, bounded
         _TIMINGS.pop(next(iter(_TIMINGS)))
     _TIMINGS[key] = timing
     return timing
@@ -146,27 +154,72 @@ def chain_matrix(layers) -> np.ndarray:
     return q
 
 
-_CHAINS: dict[tuple, np.ndarray] = {}
+# per (seed, d): Q₁⋯Q_D for the depths D kept (prefixes of one another: block b of a
+# built-in chain does not depend on Δ)
+_CHAINS: dict[tuple[int, int], dict[int, np.ndarray]] = {}
+PREFIX_BYTES = 256 * 2**20  # snapshots kept per chain beyond the depths asked for
 
 
 def _builtin_chain(spec) -> bool:
     return isinstance(spec, ModelSpec) and spec.kind == "orthogonal"
 
 
+def _times_block(q: np.ndarray | None, seed: int, b: int, d: int) -> np.ndarray:
+    """q·Q_b (Q_b itself when q is None), with Q_b = H₁⋯H_d·diag(sign r_jj) the
+    orthogonal factor of block b's Gaussian matrix (``layers.Orthogonal.init``).
+
+    The Householder reflectors H_j of the QR factorisation (LAPACK dgeqrf) are
+    applied to q directly (dormqr) instead of forming Q_b (dorgqr) and then
+    multiplying: the same matrix up to rounding, fewer flops (measured in
+    the README's depth paragraph). ``q`` is not modified.
+    """
+    a = rng.init_generator(seed, b).standard_normal((d, d))
+    qr, tau, _, info = lapack.dgeqrf(a, overwrite_a=True)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"dgeqrf failed on block {b} (info = {info})")
+    c = np.eye(d) if q is None else q
+    lwork = int(lapack.dormqr("R", "N", qr, tau, c, -1)[1][0])
+    out, _, info = lapack.dormqr("R", "N", qr, tau, c, lwork, overwrite_c=q is None)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"dormqr failed on block {b} (info = {info})")
+    out *= np.sign(np.diag(qr))
+    return out
+
+
 def builtin_chain_matrix(spec: ModelSpec) -> np.ndarray:
-    """Q = Q₁⋯Q_Δ of a built-in orthogonal chain, built once per process per
-    (seed, Δ, d) (at d = 256 a block's QR costs milliseconds: Δ = 2048 blocks are
-    worth keeping for the next run of the same chain)."""
-    key = (spec.seed, spec.depth, spec.d_in)
-    q = _CHAINS.get(key)
-    if q is None:
-        q = np.eye(spec.d_in)
-        for b in range(spec.depth):
-            q = q @ spec.block(b)[0].q
+    """Q = Q₁⋯Q_Δ of a built-in orthogonal chain, built from its blocks' seeds.
+
+    Block b depends on (seed, b, d) only, so the chain of depth Δ' < Δ is a
+    prefix of the chain of depth Δ: the products are kept per (seed, d) at
+    every power-of-two depth (while they take at most PREFIX_BYTES) and at
+    each depth asked for, and a new depth extends the longest kept prefix
+    below it. A depth study's grid Δ = 2, 4, …, 2048 then costs one chain of
+    2048 blocks per (seed, d) and process, not one per run. Read-only arrays.
+    """
+    d, D = spec.d_in, spec.depth
+    kept = _CHAINS.get((spec.seed, d))
+    if kept is None:
         if len(_CHAINS) >= 4:
             _CHAINS.pop(next(iter(_CHAINS)))
-        _CHAINS[key] = q
+        kept = _CHAINS[(spec.seed, d)] = {}
+    if D in kept:
+        return kept[D]
+    start = max((k for k in kept if k < D), default=0)
+    q = kept.get(start)
+    room = PREFIX_BYTES // (8 * d * d) - len(kept)
+    for b in range(start, D):
+        q = _times_block(q, spec.seed, b, d)
+        depth = b + 1
+        if depth == D or (room > 0 and depth & (depth - 1) == 0):
+            q.flags.writeable = False
+            kept[depth] = q
+            room -= 1
     return q
+
+
+def clear_chains() -> None:
+    """Forget the kept chain products."""
+    _CHAINS.clear()
 
 
 class SimulatedPipeline:
@@ -255,9 +308,17 @@ class SimulatedPipeline:
     # ------------------------------------------------------------------
     @property
     def timing(self) -> Timing:
-        """The call's simulated timing (simulated on first use, then cached)."""
+        """The call's simulated timing (simulated on first use, then cached), without
+        per-action records: what every call needs (its makespan)."""
         if self._timing is None:
             self._timing = schedule_timing(self.schedule, *self._timing_args)
+        return self._timing
+
+    def recorded_timing(self) -> Timing:
+        """The same timing with its per-action records (``Timing.result``; None above
+        RECORD_LIMIT actions): asked for only when a timeline is written."""
+        if self._timing is None or self._timing.result is None:
+            self._timing = schedule_timing(self.schedule, *self._timing_args, record=True)
         return self._timing
 
     def initial_point(self) -> np.ndarray:
@@ -349,7 +410,9 @@ __all__ = [
     "RECORD_LIMIT",
     "SimulatedPipeline",
     "Timing",
+    "builtin_chain_matrix",
     "chain_matrix",
+    "clear_chains",
     "clear_timings",
     "is_orthogonal_chain",
     "schedule_timing",
