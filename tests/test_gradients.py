@@ -3,7 +3,17 @@
 import numpy as np
 import pytest
 
-from hpcpipe.model.layers import Dense, Identity, Orthogonal, ReLU
+from hpcpipe.model.layers import (
+    Dense,
+    Identity,
+    Layer,
+    Orthogonal,
+    ReLU,
+    backward_layers,
+    backward_layers_into,
+    forward_layers,
+    forward_layers_into,
+)
 from hpcpipe.model.losses import HEADS, make_head
 from hpcpipe.model.reference import Reference
 from hpcpipe.model.stages import ModelSpec, random_batch
@@ -57,6 +67,67 @@ def test_layer_gradients(name):
     assert rel_err(dx, fd_grad(loss, x)) < TOL
     for p, g in zip(params, grads):
         assert rel_err(g, fd_grad(loss, p)) < TOL
+
+
+class Square(Layer):
+    """y = x²: a layer with only forward/backward, so the default ``_into`` methods run."""
+
+    def __init__(self, n):
+        self.n_in = self.n_out = n
+
+    def forward(self, x, params):
+        return x * x, x
+
+    def backward(self, dy, cache, params, grads):
+        return 2.0 * cache * dy
+
+
+@pytest.mark.parametrize("name", ["dense", "relu", "orthogonal", "identity", "square"])
+def test_layer_into_equals_forward_and_backward(name):
+    """forward_into / backward_into give forward's output and backward's dL/dx and
+    parameter gradients bitwise; with out None only the parameter gradients."""
+    rng = np.random.default_rng(3)
+    layer = Square(4) if name == "square" else make_layer(name, rng)
+    x = rng.standard_normal((5, layer.n_in))
+    dy = rng.standard_normal((5, layer.n_out))
+    params = layer.params()
+    y, cache = layer.forward(x, params)
+    out = np.full((5, layer.n_out), np.nan)
+    cache_into = layer.forward_into(x, params, out)
+    np.testing.assert_array_equal(out, y)
+    grads = [np.zeros_like(p) for p in params]
+    dx = layer.backward(dy, cache, params, grads)
+    for target in (np.full((5, layer.n_in), np.nan), None):
+        grads_into = [np.zeros_like(p) for p in params]
+        layer.backward_into(dy, cache_into, params, grads_into, target)
+        if target is not None:
+            np.testing.assert_array_equal(target, dx)
+        for a, b in zip(grads_into, grads):
+            np.testing.assert_array_equal(a, b)
+    assert name not in ("dense", "relu", "orthogonal") or np.abs(dx).max() > 0
+
+
+def test_layer_lists_into_equal_forward_and_backward_layers():
+    """A stage of several layers (dense, ReLU, dense, custom): the ``_into`` list functions
+    give the output, dL/dx and every parameter gradient of the plain ones, bitwise."""
+    rng = np.random.default_rng(4)
+    layers = [Dense.init(rng, 3, 5), ReLU(5), Dense.init(rng, 5, 4), Square(4)]
+    params = [layer.params() for layer in layers]
+    x, dy = rng.standard_normal((6, 3)), rng.standard_normal((6, 4))
+    y, caches = forward_layers(layers, x, params)
+    out = np.zeros((6, 4))
+    caches_into = forward_layers_into(layers, x, params, out)
+    np.testing.assert_array_equal(out, y)
+    grads = [[np.zeros_like(p) for p in ps] for ps in params]
+    dx = backward_layers(layers, dy, caches, params, grads)
+    for target in (np.zeros((6, 3)), None):
+        grads_into = [[np.zeros_like(p) for p in ps] for ps in params]
+        backward_layers_into(layers, dy, caches_into, params, grads_into, target)
+        if target is not None:
+            np.testing.assert_array_equal(target, dx)
+        for a, b in zip(sum(grads_into, []), sum(grads, [])):
+            np.testing.assert_array_equal(a, b)
+            assert np.abs(b).max() > 0
 
 
 def test_dense_backward_accumulates():

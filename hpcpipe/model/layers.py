@@ -64,6 +64,38 @@ class Layer:
         """Return dL/dx; add dL/dparams into ``grads`` when it is not None."""
         raise NotImplementedError
 
+    def forward_into(self, x: Array, params: Sequence[Array], out: Array) -> Any:
+        """``forward`` with the output written into ``out`` (rows, n_out); returns the cache.
+
+        The engine passes the item's send buffer as ``out``, so the output is not
+        copied again; ``out`` is not written again before the item's backward, so
+        the cache may refer to it. This default copies ``forward``'s output; a
+        layer may override it to compute into ``out`` directly.
+        """
+        y, cache = self.forward(x, params)
+        np.copyto(out, y)
+        return cache
+
+    def backward_into(
+        self,
+        dy: Array,
+        cache: Any,
+        params: Sequence[Array],
+        grads: Sequence[Array] | None,
+        out: Array | None,
+    ) -> None:
+        """``backward`` with dL/dx written into ``out``; with ``out`` None dL/dx is not
+        wanted (the first stage when the input is not a variable) and only the
+        parameter gradients are accumulated."""
+        if out is None:
+            only = getattr(self, "backward_params", None)
+            if only is not None:
+                only(dy, cache, params, grads)
+                return
+        dx = self.backward(dy, cache, params, grads)
+        if out is not None:
+            np.copyto(out, dx)
+
     def __repr__(self) -> str:
         return f"{self.name}({self.n_in}->{self.n_out})"
 
@@ -101,6 +133,18 @@ class Dense(Layer):
     def backward(self, dy, cache, params, grads):
         self.backward_params(dy, cache, params, grads)
         return dy @ params[0].T
+
+    def forward_into(self, x, params, out):
+        """y = x W + b computed in ``out`` (the same two operations as ``forward``)."""
+        w, b = params
+        np.matmul(x, w, out=out)
+        out += b
+        return x
+
+    def backward_into(self, dy, cache, params, grads, out):
+        self.backward_params(dy, cache, params, grads)
+        if out is not None:
+            np.matmul(dy, params[0].T, out=out)
 
     def backward_params(self, dy, cache, params, grads) -> None:
         """Only the parameter part of ``backward``: dL/dW and dL/db, no dL/dx."""
@@ -155,6 +199,13 @@ class Orthogonal(Layer):
     def backward(self, dy, cache, params, grads):
         return dy @ self.q.T
 
+    def forward_into(self, x, params, out):
+        np.matmul(x, self.q, out=out)
+
+    def backward_into(self, dy, cache, params, grads, out):
+        if out is not None:
+            np.matmul(dy, self.q.T, out=out)
+
 
 class Identity(Layer):
     """y = x (flatten is the identity on the (rows, features) layout used here)."""
@@ -182,6 +233,29 @@ def forward_layers(
     return x, caches
 
 
+def forward_layers_into(
+    layers: Sequence[Layer], x: Array, params: Sequence[Sequence[Array]], out: Array
+) -> list[Any]:
+    """``forward_layers`` with the last layer's output written into ``out``; the caches."""
+    if not layers:
+        np.copyto(out, x)
+        return []
+    caches = []
+    for layer, p in zip(layers[:-1], params):
+        x, c = layer.forward(x, p)
+        caches.append(c)
+    caches.append(layers[-1].forward_into(x, params[len(layers) - 1], out))
+    return caches
+
+
+def _backward_to_first(layers, dy, caches, params, grads) -> Array:
+    """Backpropagate through layers L-1..1 (accumulating grads); dL/d(output of layer 0)."""
+    for idx in range(len(layers) - 1, 0, -1):
+        g = grads[idx] if grads is not None else None
+        dy = layers[idx].backward(dy, caches[idx], params[idx], g)
+    return dy
+
+
 def backward_layers(
     layers: Sequence[Layer],
     dy: Array,
@@ -196,17 +270,28 @@ def backward_layers(
     dL/dx of the first layer is not wanted: a layer with a ``backward_params``
     method then only accumulates its parameter gradients, and None is returned.
     """
-    for idx in range(len(layers) - 1, 0, -1):
-        g = grads[idx] if grads is not None else None
-        dy = layers[idx].backward(dy, caches[idx], params[idx], g)
     if not layers:
         return dy
+    dy = _backward_to_first(layers, dy, caches, params, grads)
     g = grads[0] if grads is not None else None
     if not need_dx:
-        only = getattr(layers[0], "backward_params", None)
-        if only is not None:
-            only(dy, caches[0], params[0], g)
-            return None
-        layers[0].backward(dy, caches[0], params[0], g)
+        layers[0].backward_into(dy, caches[0], params[0], g, None)
         return None
     return layers[0].backward(dy, caches[0], params[0], g)
+
+
+def backward_layers_into(
+    layers: Sequence[Layer],
+    dy: Array,
+    caches: Sequence[Any],
+    params: Sequence[Sequence[Array]],
+    grads: Sequence[Sequence[Array]] | None,
+    out: Array | None,
+) -> None:
+    """``backward_layers`` with dL/dx written into ``out`` (None: dL/dx not wanted)."""
+    if not layers:
+        if out is not None:
+            np.copyto(out, dy)
+        return
+    dy = _backward_to_first(layers, dy, caches, params, grads)
+    layers[0].backward_into(dy, caches[0], params[0], grads[0] if grads is not None else None, out)

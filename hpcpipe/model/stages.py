@@ -189,7 +189,17 @@ class Stage:
                 self.layers.append(layer)
                 self.param_ids.append(ids)
         self.shapes = [[p.shape for p in layer.params()] for layer in self.layers]
-        self.size = sum(int(np.prod(s)) for shapes in self.shapes for s in shapes)
+        # (start, end, shape) of each parameter in the flat layout, per layer
+        self._spans: list[list[tuple[int, int, tuple]]] = []
+        off = 0
+        for shapes in self.shapes:
+            spans = []
+            for s in shapes:
+                n = int(np.prod(s))
+                spans.append((off, off + n, s))
+                off += n
+            self._spans.append(spans)
+        self.size = off
         self.flat = np.empty(self.size)
         views = self.views(self.flat)
         for layer, vs in zip(self.layers, views):
@@ -211,15 +221,7 @@ class Stage:
         """Per-layer parameter views of a flat vector of this stage's layout."""
         if vec.shape != (self.size,):
             raise ValueError(f"stage vector has shape {vec.shape}, expected ({self.size},)")
-        out, off = [], 0
-        for shapes in self.shapes:
-            vs = []
-            for s in shapes:
-                n = int(np.prod(s))
-                vs.append(vec[off : off + n].reshape(s))
-                off += n
-            out.append(vs)
-        return out
+        return [[vec[a:b].reshape(s) for a, b, s in spans] for spans in self._spans]
 
     def perturbed(self, point: Array, gamma: float, seed: int, call: int, sample: int) -> Array:
         """point + γ·Z(seed, call, parameter, sample), parameter by parameter."""

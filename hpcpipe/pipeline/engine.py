@@ -18,6 +18,7 @@ only blocking points are waits on the receive of an action's input.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcpipe.model import rng
-from hpcpipe.model.layers import backward_layers, forward_layers
+from hpcpipe.model.layers import backward_layers_into, forward_layers_into
 from hpcpipe.model.stages import (
     VARIABLES,
     Batch,
@@ -132,7 +133,12 @@ class Engine:
             )
         else:
             raise ValueError(f"clock {clock!r}: choose wall, model or none")
-        self.events = np.zeros((len(self.codes), 3))
+        self._plan: list | None = None  # built at the first call (_prepare)
+        self._point = self._point_views = None  # the last call's point and its views
+        self._events: np.ndarray | None = np.zeros((len(self.codes), 3))  # before any call
+        self._readys: list[float] = []
+        self._ends: list[float] = []
+        self._t_first = 0.0
         tub = comm.Get_attr(MPI.TAG_UB)
         top = tag(self.n_items - 1, BWD)
         if tub is not None and top > tub:
@@ -175,6 +181,7 @@ class Engine:
             if ch:
                 ch.free()
         self._recvs, self._sends = [], []
+        self._point = self._point_views = None
 
     def __enter__(self) -> Engine:
         return self
@@ -194,33 +201,80 @@ class Engine:
             time.sleep(self.layer_time)
 
     def _prepare(self) -> None:
-        """Per-action plan, per-item views and requests that do not change between calls."""
-        st, M = self.stage, self.microbatches
-        # one tuple per action: (forward?, item, sample, first row, end row, microbatch)
-        self._plan = [
-            (kind == FORWARD, i, i // M, self.rows[i % M][0], self.rows[i % M][1], i % M)
-            for i, kind in self._items_kinds
-        ]
+        """Per-action plan, per-item views and buffers that do not change between calls.
+
+        One tuple per action: (forward?, item, sample, microbatch, first row, end
+        row, receive request, input, output, send request). The input is the
+        received payload, the batch rows (first stage) or None (built per call:
+        the perturbed input δ, or the last stage's loss gradient); the output is
+        the send payload (the layers compute into it), a preallocated buffer for
+        the last stage's forward, or None (a first stage's backward).
+        """
+        st, M, n = self.stage, self.microbatches, self.n_items
+        first, last = st.is_first, st.is_last
         bx, bt = self.batch.x, self.batch.targets
         self._x_rows = [bx[r0:r1] for r0, r1 in self.rows]
         self._t_rows = [bt[r0:r1] for r0, r1 in self.rows]
 
-        def views(ch):
-            if ch is None:
-                return None, None, None, None
-            return (
-                [ch.payload(i) for i in range(self.n_items)],
-                [ch.slots[i] for i in range(self.n_items)],
-                list(ch.requests),
-                [ch.nbytes(i) for i in range(self.n_items)],
-            )
+        def payloads(ch):
+            return [ch.payload(i) for i in range(n)] if ch is not None else [None] * n
 
-        self._rf = views(self.recv_f)
-        self._rb = views(self.recv_b)
-        self._sf = views(self.send_f)
-        self._sb = views(self.send_b)
-        self._ev_lists = tuple([0.0] * len(self.codes) for _ in range(3))
-        self._weight_views = st.views(st.flat)
+        rf, rb, sf, sb = (payloads(c) for c in (self.recv_f, self.recv_b, self.send_f, self.send_b))
+        if last:  # the last layer's outputs, read by the head
+            sf = [np.zeros((r1 - r0, st.n_out)) for r0, r1 in (self.rows[i % M] for i in range(n))]
+        if first and self.variable == "input":  # dL/dx of a microbatch, added into dL/dδ
+            dx = [np.zeros((r1 - r0, st.n_in)) for r0, r1 in self.rows]
+            sb = [dx[i % M] for i in range(n)]
+
+        def requests(ch):
+            return list(ch.requests) if ch is not None else [None] * n
+
+        rf_req, rb_req = requests(self.recv_f), requests(self.recv_b)
+        sf_req, sb_req = requests(self.send_f), requests(self.send_b)
+        plan = []
+        for i, kind in self._items_kinds:
+            k, j = divmod(i, M)
+            r0, r1 = self.rows[j]
+            if kind == FORWARD:
+                inp = self._x_rows[j] if first else rf[i]
+                plan.append((True, i, k, j, r0, r1, rf_req[i], inp, sf[i], sf_req[i]))
+            else:
+                plan.append((False, i, k, j, r0, r1, rb_req[i], rb[i], sb[i], sb_req[i]))
+        self._plan = plan
+        self._slots = tuple(
+            (ch.slots, [ch.nbytes(i) for i in range(n)]) if ch is not None else (None, None)
+            for ch in (self.recv_f, self.recv_b, self.send_f, self.send_b)
+        )
+        # the stage's forward / backward into the output buffers; a one-layer stage
+        # calls its layer directly (its parameters are then the layer's own list)
+        if len(st.layers) == 1:
+            self._fwd, self._bwd = st.layers[0].forward_into, st.layers[0].backward_into
+            self._own = _first_of
+        else:
+            layers = st.layers
+            self._fwd = functools.partial(forward_layers_into, layers)
+            self._bwd = functools.partial(backward_layers_into, layers)
+            self._own = _same
+        self._base_views = self._own(st.views(st.flat))
+        self._seeds: list = [None] * n
+
+    @property
+    def events(self) -> np.ndarray:
+        """(actions, 3) table of the last call: when each action began to wait for its
+        input (the end of the previous action; the start of the call for the first),
+        when the input was there, and when it ended (after its send was started), on
+        the engine's clock. Built when asked for."""
+        if self._events is None:
+            readys, ends = self._readys, self._ends
+            ev = np.empty((len(ends), 3))
+            if len(ends):
+                ev[:, EV_READY], ev[:, EV_END] = readys, ends
+                ev[0, EV_WAIT] = self._t_first
+                ev[1:, EV_WAIT] = ev[:-1, EV_END]
+                if self.clock.origin != 0.0:  # the wall clock ticks raw perf_counter seconds
+                    ev -= self.clock.origin
+            self._events = ev
+        return self._events
 
     def evaluate(
         self, point: np.ndarray, gamma: float = 0.0, call: int = 0, reduce: str = "mean"
@@ -232,52 +286,53 @@ class Engine:
             )
         if reduce not in ("mean", "sum"):
             raise ValueError(f"reduce {reduce!r}: choose mean or sum")
-        if not hasattr(self, "_plan"):
+        if self._plan is None:
             self._prepare()
         st, M, m = self.stage, self.microbatches, self.batch.m
         first, last = st.is_first, st.is_last
-        layers, head = st.layers, st.head
         weights_var = self.variable == "weights"
         input_var = self.variable == "input" and first
+        perturb = weights_var and gamma != 0.0
+        own = self._own
         # the point is read in place and the gradient is a new array: no copy of either
         point = np.ascontiguousarray(point, dtype=np.float64)
         grad = np.zeros(self.local_size)
-        gviews = st.views(grad) if weights_var else None
-        base = st.views(point) if weights_var else self._weight_views
+        gviews = own(st.views(grad)) if weights_var else None
+        if not weights_var:
+            base = self._base_views
+        elif point is self._point:  # the array of the last call (e.g. updated in place)
+            base = self._point_views
+        else:
+            base = own(st.views(point))
+            self._point, self._point_views = point, base
         delta = point.reshape(m, self.spec.d_in) if input_var else None
         gdelta = grad.reshape(m, self.spec.d_in) if input_var else None
         # plain: every sample runs at the base parameters and there is no input to build
-        plain = not input_var and not (weights_var and gamma != 0.0)
-        need_dx = input_var or not first  # the first stage's dL/dx is wanted for δ only
-        params: dict[int, list] = {}
-        x_plus_delta = None
-        inputs: dict[int, np.ndarray] = {}
-        left: dict[int, int] = {}
-        caches: dict[int, list] = {}
-        seeds: dict[int, np.ndarray] = {}
-        clock, ev, waiter = self.clock, self.events, self.waiter
-        ev_wait, ev_ready, ev_end = self._ev_lists
-        tick, receive, compute = clock.tick, clock.receive, clock.compute
+        plain = not input_var and not perturb
+        clock, waiter = self.clock, self.waiter
+        tick = clock.tick
+        model = isinstance(clock, ModelClock)
         watch = waiter.timeout > 0
         emulate = self.layer_time > 0
-        x_rows, t_rows = self._x_rows, self._t_rows
-        rf, rf_slot, rf_req, rf_bytes = self._rf
-        rb, rb_slot, rb_req, rb_bytes = self._rb
-        sf, sf_slot, sf_req, _ = self._sf
-        sb, sb_slot, sb_req, _ = self._sb
-        copyto = np.copyto
+        # the common case waits with MPI directly and has nothing to add per action
+        direct = waiter.policy == "busy" and not watch and not model
+        timed = model or emulate
+        fwd_into, bwd_into, head = self._fwd, self._bwd, st.head
+        t_rows, seeds = self._t_rows, self._seeds
         item_losses = self.item_losses
         item_losses[:] = 0.0
         inv_m = 1.0 / m
+        (rf_slot, rf_bytes), (rb_slot, rb_bytes), (sf_slot, _), (sb_slot, _) = self._slots
+        params: dict[int, object] = {}
+        inputs: dict[int, np.ndarray] = {}
+        left: dict[int, int] = {}
+        caches: dict[int, object] = {}
+        x_plus_delta = None
 
-        # only the model clock reads message stamps and counts compute; the wall
-        # clock and timing-off skip those calls, and a busy wait calls MPI directly
-        model = isinstance(clock, ModelClock)
-        direct = waiter.policy == "busy" and not watch
-
-        def await_(req, i: int, what: str, peer: int) -> None:
-            """Complete item i's receive under the wait policy (and the watchdog)."""
+        def receive(req, fwd: bool, i: int) -> None:
+            """Complete item i's receive under the wait policy, the watchdog and the clock."""
             if watch:
+                what, peer = ("activation", self.rank - 1) if fwd else ("gradient", self.rank + 1)
                 waiter.wait(
                     req,
                     f"rank {self.rank} waits for the {what} of item {i} from rank {peer} "
@@ -285,101 +340,93 @@ class Engine:
                 )
             else:
                 waiter.wait(req)
+            if model:
+                if fwd:
+                    clock.receive(rf_slot[i][-1], rf_bytes[i])
+                else:
+                    clock.receive(rb_slot[i][-1], rb_bytes[i])
 
+        def sample(k: int):
+            """Sample k's parameters (and input, for δ), made at its first forward."""
+            nonlocal x_plus_delta
+            if k not in params:
+                if perturb:
+                    params[k] = own(st.views(st.perturbed(point, gamma, self.seed, call, k)))
+                else:
+                    params[k] = base
+                left[k] = M
+                if input_var:
+                    if x_plus_delta is None:  # the same for every sample
+                        x_plus_delta = self.batch.x + delta
+                    x0 = x_plus_delta
+                    if gamma != 0.0:
+                        x0 = x0 + gamma * rng.noise(
+                            self.seed, call, rng.INPUT_PARAM_ID, k, x0.shape
+                        )
+                    inputs[k] = x0
+            return params[k]
+
+        readys: list[float] = []
+        ends: list[float] = []
+        ready_add, end_add = readys.append, ends.append
+        self._readys, self._ends, self._events = readys, ends, None
         clock.reset()
         MPI.Prequest.Startall(self._recvs)
-        t_first = tick()
-        t_end = t_first
-        for idx, (fwd, i, k, r0, r1, j) in enumerate(self._plan):
-            ev_wait[idx] = tick()
+        t_first = t_end = tick()
+        p = base
+        for fwd, i, k, j, r0, r1, rreq, x, out, sreq in self._plan:
+            if rreq is not None:
+                if direct:
+                    rreq.Wait()
+                else:
+                    receive(rreq, fwd, i)
+            ready_add(tick())
+            if not plain:
+                p = sample(k)
             if fwd:  # forward of item i
-                if plain:
-                    p = base
-                else:
-                    if k not in params:
-                        if weights_var and gamma != 0.0:
-                            params[k] = st.views(st.perturbed(point, gamma, self.seed, call, k))
-                        else:
-                            params[k] = base
-                        left[k] = M
-                        if input_var:
-                            if x_plus_delta is None:  # the same for every sample
-                                x_plus_delta = self.batch.x + delta
-                            x0 = x_plus_delta
-                            if gamma != 0.0:
-                                x0 = x0 + gamma * rng.noise(
-                                    self.seed, call, rng.INPUT_PARAM_ID, k, x0.shape
-                                )
-                            inputs[k] = x0
-                    p = params[k]
-                if first:
-                    x = inputs[k][r0:r1] if input_var else x_rows[j]
-                else:
-                    if direct:
-                        rf_req[i].Wait()
-                    else:
-                        await_(rf_req[i], i, "activation", self.rank - 1)
-                    if model:
-                        receive(rf_slot[i][-1], rf_bytes[i])
-                    x = rf[i]
-                ev_ready[idx] = tick()
-                y, caches[i] = forward_layers(layers, x, p)
+                if input_var:
+                    x = inputs[k][r0:r1]
+                caches[i] = fwd_into(x, p, out)
                 if last:
-                    item_losses[i], seeds[i] = head(y, t_rows[j], inv_m)
-                if emulate:
-                    self._emulate()
-                if model:
-                    compute("F")
-                t_end = tick()
-                if not last:
-                    copyto(sf[i], y)
+                    item_losses[i], seeds[i] = head(out, t_rows[j], inv_m)
+                if timed:
+                    if emulate:
+                        self._emulate()
                     if model:
-                        sf_slot[i][-1] = t_end
-                    sf_req[i].Start()
+                        clock.compute("F")
             else:  # backward of item i
                 if last:
-                    dy = seeds.pop(i)
-                else:
-                    if direct:
-                        rb_req[i].Wait()
-                    else:
-                        await_(rb_req[i], i, "gradient", self.rank + 1)
-                    if model:
-                        receive(rb_slot[i][-1], rb_bytes[i])
-                    dy = rb[i]
-                ev_ready[idx] = tick()
-                dx = backward_layers(
-                    layers, dy, caches.pop(i), base if plain else params[k], gviews, need_dx
-                )
+                    x, seeds[i] = seeds[i], None
+                bwd_into(x, caches.pop(i), p, gviews, out)
                 if input_var:
-                    gdelta[r0:r1] += dx
-                if emulate:
-                    self._emulate()
-                if model:
-                    compute("B")
-                t_end = tick()
-                if not first:
-                    copyto(sb[i], dx)
+                    gdelta[r0:r1] += out
+                if timed:
+                    if emulate:
+                        self._emulate()
                     if model:
-                        sb_slot[i][-1] = t_end
-                    sb_req[i].Start()
+                        clock.compute("B")
                 if not plain:
                     left[k] -= 1
                     if left[k] == 0:
                         del params[k], left[k]
                         inputs.pop(k, None)
-            ev_end[idx] = t_end
+            if sreq is not None:
+                if model:  # the message carries its send time
+                    (sf_slot if fwd else sb_slot)[i][-1] = tick()
+                sreq.Start()
+            t_end = tick()
+            end_add(t_end)
         if watch:
             waiter.waitall(
                 self._sends, f"rank {self.rank} waits for its sends of call {call} to complete"
             )
         else:
             waiter.waitall(self._sends)
-        ev[:, EV_WAIT], ev[:, EV_READY], ev[:, EV_END] = ev_wait, ev_ready, ev_end
+        self._t_first = t_first
         origin = clock.origin
         if origin != 0.0:  # the wall clock ticks raw perf_counter seconds
-            ev -= origin
             t_first -= origin
+            t_end -= origin
         if reduce == "mean" and self.samples > 1:
             grad /= self.samples
         comm = self.comm
@@ -387,17 +434,26 @@ class Engine:
             # one collective: every rank's (−t_first, t_end, losses); the last rank's
             # losses and the max of each time column are the two collectives' results
             mine, every = self._gather
-            mine[0], mine[1] = -t_first, ev[-1, EV_END] if len(ev) else t_first
+            mine[0], mine[1] = -t_first, t_end
             mine[2:] = item_losses
             comm.Allgather([mine, MPI.DOUBLE], [every, MPI.DOUBLE])
             item_losses[:] = every[-1, 2:]
             elapsed = every[:, 1].max() + every[:, 0].max()
         elif self.size > 1:
             comm.Bcast([item_losses, MPI.DOUBLE], root=self.size - 1)
-            self._tbuf[0], self._tbuf[1] = -t_first, ev[-1, EV_END] if len(ev) else t_first
+            self._tbuf[0], self._tbuf[1] = -t_first, t_end
             comm.Allreduce(MPI.IN_PLACE, [self._tbuf, MPI.DOUBLE], op=MPI.MAX)
             elapsed = self._tbuf[1] + self._tbuf[0]
         else:
-            elapsed = (ev[-1, EV_END] if len(ev) else t_first) - t_first
+            elapsed = t_end - t_first
         losses = item_losses.reshape(self.samples, M).sum(axis=1)
         return OracleResult(losses, item_losses.copy(), grad, float(elapsed))
+
+
+def _first_of(views: list) -> list:
+    """A one-layer stage's parameters: its layer's list."""
+    return views[0]
+
+
+def _same(views: list) -> list:
+    return views

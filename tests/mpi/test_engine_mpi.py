@@ -23,7 +23,9 @@ def local_part(spec, variable, point, comm):
     return point[offs[comm.rank] : offs[comm.rank + 1]].copy()
 
 
-def run_engine(comm, spec, batch, variable, schedule, point, gamma, call, reduce="mean"):
+def run_engine(
+    comm, spec, batch, variable, schedule, point, gamma, call, reduce="mean", wait="sleep"
+):
     eng = Engine(
         comm,
         spec,
@@ -33,7 +35,7 @@ def run_engine(comm, spec, batch, variable, schedule, point, gamma, call, reduce
         samples=SAMPLES,
         microbatches=MICRO,
         seed=5,
-        wait="sleep",
+        wait=wait,
     )
     try:
         res = eng.evaluate(local_part(spec, variable, point, comm), gamma, call, reduce)
@@ -70,6 +72,63 @@ def test_engine_equals_reference(P, schedule, variable, model):
     assert gmax > 0  # the gradient is not trivially zero
     assert err_l <= 1e-12, f"losses differ by {err_l:.3e}"
     assert err_g <= 1e-12, f"gradients differ by {err_g:.3e}"
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("P", [1, 2])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(
+    ("model", "variable"), [("mlp", "input"), ("mlp", "weights"), ("orthogonal", "input")]
+)
+def test_engine_without_smoothing_busy_wait_equals_reference(P, schedule, variable, model):
+    """γ = 0 with busy waits: the engine's direct path (every sample at the base
+    parameters, MPI waits called directly) equals the reference too."""
+    spec = SPECS[model]
+    batch = random_batch(spec, M, seed=6)
+    ref = Reference(spec, batch, variable, seed=5)
+    point = ref.initial_point() + 0.1 * np.random.default_rng(7).standard_normal(ref.size)
+    ref_losses, ref_grad = ref.loss_and_grad(point, 0.0, 2, SAMPLES)
+    err = None
+    with sub_comm(P) as comm:
+        if comm != MPI.COMM_NULL:
+            losses, grad = run_engine(
+                comm, spec, batch, variable, schedule, point, 0.0, 2, wait="busy"
+            )
+            err = (rel(losses, ref_losses), rel(grad, ref_grad), np.abs(ref_grad).max())
+    err_l, err_g, gmax = from_root(err)
+    assert gmax > 0
+    assert err_l <= 1e-12, f"losses differ by {err_l:.3e}"
+    assert err_g <= 1e-12, f"gradients differ by {err_g:.3e}"
+
+
+@pytest.mark.mpi(min_size=4)
+def test_wall_clock_events_are_ordered_and_chained():
+    """Each action waits from the end of the previous one (the first from the start of
+    the call), then computes: wait <= ready <= end, and the call's time covers them;
+    the same point passed again (its views reused) gives the same numbers."""
+    spec = SPECS["mlp"]
+    batch = random_batch(spec, M, seed=8)
+    got = None
+    with sub_comm(2) as comm:
+        if comm != MPI.COMM_NULL:
+            eng = Engine(comm, spec, batch, "weights", "1f1b", samples=2, microbatches=3)
+            point = eng.initial_point()
+            a = eng.evaluate(point)
+            ev = eng.events.copy()
+            point *= 1.5  # in place: the next call must see the new values
+            b = eng.evaluate(point)
+            c = eng.evaluate(point.copy())
+            eng.close()
+            same = bool(np.array_equal(b.grad, c.grad) and np.array_equal(b.losses, c.losses))
+            moved = not np.array_equal(a.grad, b.grad)
+            got = comm.gather((ev, a.time, same, moved), root=0)
+    got = from_root(got)
+    for ev, t, same, moved in got:
+        assert ev.shape == (2 * 2 * 3, 3)
+        assert np.all(ev[:, 0] <= ev[:, 1]) and np.all(ev[:, 1] <= ev[:, 2])
+        np.testing.assert_array_equal(ev[1:, 0], ev[:-1, 2])
+        assert ev[-1, 2] - ev[0, 0] <= t
+        assert same and moved
 
 
 @pytest.mark.mpi(min_size=4)
