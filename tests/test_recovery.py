@@ -54,6 +54,18 @@ def _ranks_of(marker: str) -> dict[int, int]:
     return out
 
 
+def _wait_ranks(marker: str, n: int, proc, timeout: float = 120) -> dict[int, int]:
+    """{MPI rank: pid} once all n ranks of the run are up (``timeout``: a hang guard)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        assert proc.poll() is None, proc.communicate()
+        ranks = _ranks_of(marker)
+        if set(ranks) == set(range(n)):
+            return ranks
+        time.sleep(0.1)
+    raise AssertionError(f"the {n} ranks of {marker} never showed up")
+
+
 def _wait_rows(path: Path, n: int, proc, timeout: float = 120) -> None:
     t0 = time.time()
     while time.time() - t0 < timeout:
@@ -94,11 +106,10 @@ def test_kill_9_of_a_rank_then_resume_equals_uninterrupted(tmp_path):
     p = _hpcpipe(*common, "--output", full)
     assert p.returncode == 0, p.stderr
     proc = _start(*common, "--output", part)
+    ranks = _wait_ranks(str(part), 2, proc)  # found first: a /proc scan takes time
     _wait_rows(part, 10, proc)
-    ranks = _ranks_of(str(part))
-    assert set(ranks) == {0, 1}, ranks
-    os.kill(ranks[1], signal.SIGKILL)  # a rank, not the launcher
-    proc.communicate(timeout=60)
+    os.kill(ranks[1], signal.SIGKILL)  # a rank, not the launcher; at once after the rows
+    proc.communicate(timeout=120)  # a hang guard
     assert proc.returncode != 0
     assert superblock.read(part).flags != 0  # rank 0 was brought down without closing it
     r = load(part)

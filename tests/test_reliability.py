@@ -1,6 +1,7 @@
 """Bad input, failing ranks, interrupted and resumed jobs, bad files."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -191,24 +192,31 @@ def test_a_failing_rank_brings_the_job_down():
 
 
 def test_watchdog_reports_who_waits_for_what():
-    t0 = time.time()
+    """The middle rank of three hangs; both other ranks wait on it directly (rank 0 for a
+    gradient, rank 2 for an activation), so whichever watchdog fires first names it. (With
+    more ranks a rank further away may fire first, naming its neighbour: a true report,
+    but not the hung rank.) The subprocess timeout is only a guard against a hang."""
     p = hpcpipe(
         *RUN,
         "--np",
-        "4",
+        "3",
         "--iterations",
         "1000",
         "--inject_failure",
-        "2:3:hang",
+        "1:3:hang",
         "--timeout",
         "2",
         "--no-output",
-        timeout=60,
+        timeout=300,
     )
-    assert time.time() - t0 < 30
     assert p.returncode != 0
-    assert "no progress for 2 s: rank " in p.stderr and " waits for the " in p.stderr
-    assert "from rank 2" in p.stderr  # its neighbours wait on the hung rank
+    reports = re.findall(
+        r"no progress for 2 s: rank (\d+) waits for the (\w+) of item \d+ from rank (\d+)",
+        p.stderr,
+    )
+    assert reports, p.stderr[-3000:]
+    for rank, what, peer in reports:  # every report names the hung rank
+        assert (rank, what, peer) in {("0", "gradient", "1"), ("2", "activation", "1")}, reports
 
 
 def assert_sigterm_then_resume_bitwise(tmp_path, run_args: list, env=None) -> None:
