@@ -305,6 +305,7 @@ def test_shipped_configs_and_sweeps_validate(tmp_path):
         "paper",
         "paper-fgsm",
         "paper-fewshot",
+        "paper-gamma",
         "paper-mpi",
     }
     for s in sweeps:
