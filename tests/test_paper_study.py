@@ -276,7 +276,7 @@ def test_gamma_rule_matches_the_shipped_sweeps():
                 want = paper.theory_gamma(v["radius"], v["m"], v["depth"], v["samples"], 5160)
                 assert v["gamma"] == want and v["time_budget"] == 5160, p.label
                 n += 1
-    assert n == 12 * 45 + 6
+    assert n == 12 * 55 + 6  # 12 PPRS cases x 11 rates x 5 seeds, 6 MPI spot checks
     # the rule itself: 2 r (64 m)^(1/4) / T, T = 5160 // (2 (K m + D - 1)) = 151 at K=10, D=8
     assert paper.theory_gamma(0.15, 1, 8, 10, 5160) == float(f"{2 * 0.15 * 8**0.5 / 151:.3g}")
 

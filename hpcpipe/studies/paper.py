@@ -879,6 +879,8 @@ def _figures(res: StudyResult, kind: str, group: list[Setting], outdir: Path) ->
     slug = kind.replace("-", "")
     (outdir / f"paper_{slug}_figures.json").write_text(json.dumps(_json_safe(data)))
     plt = figure()
+    from matplotlib.colors import LogNorm
+
     n = len(group)
     cols = min(n, 2)
     rows = math.ceil(n / cols)
@@ -903,19 +905,27 @@ def _figures(res: StudyResult, kind: str, group: list[Setting], outdir: Path) ->
     for ax, s in zip(axes.flat, group):
         cells = data[s.name]["map"]
         meths = s.methods
+        # colour: final loss above the floor on a log scale, so that rates near the best
+        # differ visibly; the numbers (figure JSON, tables) stay the final losses themselves
+        floor = _median([r.floor for g in s.cell.values() for r in g])
+        top = _median([r.f0 for g in s.cell.values() for r in g]) - floor
         z = np.full((len(meths), len(s.rates)), np.nan)
         for c in cells:
             i, j = meths.index(c["method"]), s.rates.index(c["lr"])
-            z[i, j] = c["final"] if math.isfinite(c["final"]) else np.nan
+            z[i, j] = c["final"] - floor if math.isfinite(c["final"]) else np.nan
+        norm = LogNorm(vmin=max(np.nanmin(z, initial=top), 1e-3 * top), vmax=top, clip=True)
+        cmap = plt.get_cmap("viridis").with_extremes(bad="lightgrey")  # not finite: diverged
+        im = ax.imshow(z, aspect="auto", cmap=cmap, norm=norm, origin="upper")
+        for c in cells:
+            i, j = meths.index(c["method"]), s.rates.index(c["lr"])
             label = f"U{c['unstable']}" if c["unstable"] else ""
             if c["lr"] == s.best[c["method"]]:
                 label += "*"
-            if label:
-                color = "w" if math.isfinite(c["final"]) else "k"  # grey cell: not finite
-                ax.text(j, i, label, ha="center", va="center", fontsize=8, color=color)
-        f0 = _median([r.f0 for g in s.cell.values() for r in g])
-        cmap = plt.get_cmap("viridis").with_extremes(bad="lightgrey")  # not finite: diverged
-        im = ax.imshow(z, aspect="auto", cmap=cmap, vmax=f0, origin="upper")
+            if label:  # dark text on light cells (bright end of viridis, grey = not finite)
+                light = not math.isfinite(z[i, j]) or norm(max(z[i, j], norm.vmin)) > 0.6
+                ax.text(
+                    j, i, label, ha="center", va="center", fontsize=8, color="k" if light else "w"
+                )
         ax.set_yticks(range(len(meths)), meths, fontsize=7)
         ax.set_xticks(range(len(s.rates)), [f"{r:.0e}" for r in s.rates], fontsize=6, rotation=60)
         ax.set_xlabel("learning rate")
@@ -924,7 +934,9 @@ def _figures(res: StudyResult, kind: str, group: list[Setting], outdir: Path) ->
             fontsize=8,
         )
         fig.colorbar(im, ax=ax, fraction=0.04).set_label(
-            "median final loss" + (" (logits)" if kind == "attack" else " (nats)")
+            f"median final loss - floor ({floor:g}), log; top: f(theta0)"
+            + (" (logits)" if kind == "attack" else " (nats)"),
+            fontsize=7,
         )
         ax.set_ylabel("method")
     for ax in list(axes.flat)[n:]:
