@@ -685,7 +685,7 @@ def baseline_rows(settings: list[Setting], fgsm) -> list[list]:
             if int(r.config["iterations"]) > 1:
                 few[float(r.config["lr"])].append(r)
         fw, fw_lr = max(((_success(v), lr) for lr, v in few.items()), default=(math.nan, None))
-        best_meth = max(s.methods, key=lambda m: _median([r.outcome for r in s.runs(m)]))
+        best_meth = max(s.methods, key=lambda m: float(np.mean([r.outcome for r in s.runs(m)])))
         rows.append(
             [
                 s.name,
