@@ -152,6 +152,52 @@ def pinball_smoothing_gap(d: int, gamma: float, tau: float = PINBALL_TAU) -> flo
     return float(gamma * math.sqrt(d) * rho / max(tau, 1.0 - tau))
 
 
+def pinball_speed_limit(b: np.ndarray, eta: float, t: int, tau: float = PINBALL_TAU) -> float:
+    """A lower bound on f(θ_t) − f* for PPRS (AC-SA, base step η) on pinball-chain, any γ, K.
+
+    In z = θQ every sample's subgradient is s·v with v_j ∈ {τ, −(1 − τ)}
+    (``PinballResidual``), so each coordinate of the K-sample average G lies
+    in [−(1 − τ)s, τs]. AC-SA moves x_{i+1} = x_i − iη·G_i (no projection on a
+    chain), so after t updates x_{t+1,j} − x_{1,j} ∈ [−τsηS_t, (1 − τ)sηS_t],
+    S_t = t(t + 1)/2, and the reported iterate x̄_{t+1} is a convex
+    combination of x_1, …, x_{t+1}: the same interval holds for it. From
+    θ₀ = 0 a coordinate with b_j > 0 is then at most (1 − τ)sηS_t, one with
+    b_j < 0 at least −τsηS_t, and (τ ≥ 1/2 or not)
+
+        f(θ_t) − f* ≥ s·Σ_{b_j>0} (1 − τ)(b_j − (1 − τ)sηS_t)₊ + s·Σ_{b_j<0} τ(|b_j| − τsηS_t)₊.
+
+    A method that steps less (plain momentum, η_i = η) obeys it too. With
+    s = 1/(max(τ, 1 − τ)√d) and |b_j| ≈ 1/√d the bound stays above ε until
+    ηS_t is of order one: t ∝ η^(−1/2), which is d^(1/4) when η ∝ γ ∝ d^(−1/2).
+    """
+    d = b.size
+    s = 1.0 / (max(tau, 1.0 - tau) * math.sqrt(d))
+    move = s * eta * t * (t + 1) / 2.0
+    up, down = b[b > 0], -b[b < 0]
+    return float(
+        s * (1.0 - tau) * np.clip(up - (1.0 - tau) * move, 0.0, None).sum()
+        + s * tau * np.clip(down - tau * move, 0.0, None).sum()
+    )
+
+
+def pinball_first_possible(
+    b: np.ndarray, eta: float, eps: float, tau: float = PINBALL_TAU, limit: int = 10**7
+) -> int:
+    """The first t at which ``pinball_speed_limit`` allows f(θ_t) − f* ≤ ε (bisection)."""
+    b = np.asarray(b, dtype=float).ravel()
+    if pinball_speed_limit(b, eta, 0, tau) <= eps:
+        return 0
+    lo, hi = 0, 1
+    while pinball_speed_limit(b, eta, hi, tau) > eps:
+        lo, hi = hi, 2 * hi
+        if hi > limit:
+            return limit
+    while hi - lo > 1:  # the bound decreases in t: bound(lo) > ε >= bound(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if pinball_speed_limit(b, eta, mid, tau) > eps else (lo, mid)
+    return hi
+
+
 ENTRIES = {
     "nesterov-chain": _entry(
         "nesterov-chain",

@@ -125,6 +125,30 @@ def loglog_slope(x, y, boot: int = 2000, seed: int = 0) -> tuple[float, float, f
     return slope, float(lo), float(hi)
 
 
+def spot_agreement(spots, reference, columns=("loss",)) -> tuple[int, int, list[str], int]:
+    """MPI spot runs against the simulated runs of the same configuration.
+
+    ``reference(spot)`` is the simulated record or None. A pair agrees when the
+    pipeline times are bitwise equal and ``columns`` agree to 1e-9 (relative) over
+    the spot run's iterations. Returns (agreeing, pairs, files that disagree,
+    iterations compared).
+    """
+    agree, pairs, bad, k = 0, 0, [], 0
+    for s in spots:
+        ref = reference(s)
+        if ref is None:
+            continue
+        pairs += 1
+        k = len(s.it["iteration"])
+        same_t = np.array_equal(s.it["pipeline_time"], ref.it["pipeline_time"][:k])
+        same = all(np.allclose(s.it[c], ref.it[c][:k], rtol=1e-9, atol=1e-12) for c in columns)
+        if same_t and same:
+            agree += 1
+        else:
+            bad.append(s.file)
+    return agree, pairs, bad, k
+
+
 def figure():
     import matplotlib
 

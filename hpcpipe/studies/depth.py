@@ -44,6 +44,7 @@ from hpcpipe.studies.common import (
     files_of,
     legend_outside,
     save_figure,
+    spot_agreement,
 )
 
 NAME = "depth"
@@ -134,19 +135,9 @@ def _consistency(recs, res: StudyResult) -> None:
     spots = [r for r in recs if setting(r) == "spot"]
     if not spots:
         return
-    agree, pairs, bad, k = 0, 0, [], 0
-    for s in spots:
-        ref = sims.get((s.config["optimizer"], x_of(s), int(s.config["depth"])))
-        if ref is None:
-            continue
-        pairs += 1
-        k = len(s.it["iteration"])
-        same_t = np.array_equal(s.it["pipeline_time"], ref.it["pipeline_time"][:k])
-        same_f = np.allclose(s.it["loss"], ref.it["loss"][:k], rtol=1e-9, atol=1e-12)
-        if same_t and same_f:
-            agree += 1
-        else:
-            bad.append(s.file)
+    agree, pairs, bad, k = spot_agreement(
+        spots, lambda s: sims.get((s.config["optimizer"], x_of(s), int(s.config["depth"])))
+    )
     res.verdicts.append(
         Verdict(
             NAME,

@@ -296,15 +296,23 @@ def run_study(plan: DepthPlan, log=print) -> dict:
     clock["simulated"] = time.perf_counter() - t1
     if plan.spot_depths:
         t2 = time.perf_counter()
-        sweep = spot_sweep(plan, L, R, d)
-        np_ = max(plan.spot_depths)
-        cmd = [sys.executable, "-m", "hpcpipe", "sweep", str(sweep), "--np", str(np_)]
-        log("MPI spot checks: " + " ".join(cmd))
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            log(proc.stdout[-3000:] + proc.stderr[-3000:])
-            raise RuntimeError(f"the MPI spot checks failed (exit {proc.returncode})")
+        mpi_sweep(spot_sweep(plan, L, R, d), max(plan.spot_depths), log)
         clock["mpi"] = time.perf_counter() - t2
+    return save_timings(out, clock, t0, log)
+
+
+def mpi_sweep(sweep: Path, ranks: int, log) -> None:
+    """Run a sweep file of MPI spot checks in one ``hpcpipe sweep`` launch of ``ranks`` ranks."""
+    cmd = [sys.executable, "-m", "hpcpipe", "sweep", str(sweep), "--np", str(ranks)]
+    log("MPI spot checks: " + " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        log(proc.stdout[-3000:] + proc.stderr[-3000:])
+        raise RuntimeError(f"the MPI spot checks failed (exit {proc.returncode})")
+
+
+def save_timings(out: Path, clock: dict, t0: float, log) -> dict:
+    """Add the total since ``t0`` to a study's wall-clock timings, write timings.json, log them."""
     clock["total"] = time.perf_counter() - t0
     (out / "timings.json").write_text(json.dumps(clock, indent=1))
     log("wall seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in clock.items()))

@@ -14,9 +14,11 @@ rule, noise keys (seed, iteration) and regulariser) on the reference model.
   bound, with planted faults (K = 1, γ × 30, no momentum, step × 4) and the
   predicted smoothing floor f(θ_γ*) − f* on pinball-chain.
 
+The dimension study on pinball-chain is ``dimension_runs`` (its runs) and
+``dimension`` (its analysis), which use ``fit_exponent`` and ``mean_se``.
+
     python -m hpcpipe.studies.hardness exponent --x 16 32 64 128
     python -m hpcpipe.studies.hardness final --problem pinball-chain --eps 0.1 --dim 16
-    python -m hpcpipe.studies.hardness dimension --dims 16 64 256 1024 4096 --eps 0.1
 """
 
 from __future__ import annotations
@@ -29,15 +31,11 @@ from collections.abc import Callable
 import numpy as np
 from scipy import stats
 
-from hpcpipe.model import rng
-from hpcpipe.model.losses import PinballResidual
 from hpcpipe.model.reference import Reference
-from hpcpipe.optim.acsa import acsa_plan
 from hpcpipe.optim.methods import PPRS, theory_plan
 from hpcpipe.problems.base import Problem
 from hpcpipe.problems.chains import l1_chain, max_chain
 from hpcpipe.problems.worstcase import (
-    PINBALL_TAU,
     hard_chain_length,
     nesterov_chain,
     pinball_chain,
@@ -165,81 +163,6 @@ def mean_se(v: np.ndarray) -> tuple[float, float]:
     return float(v.mean()), float(v.std(ddof=1) / math.sqrt(v.size))
 
 
-def rotated_pinball_run(d: int, seed: int, opt: PPRS, T: int, tau: float = PINBALL_TAU):
-    """f(θ_T) − f* of PPRS on pinball-chain in its rotated coordinates z = θQ.
-
-    Q is orthogonal and Z ~ N(0, I) is rotation invariant, so running on
-    f(z) = s·Σ ρ_τ(z_j − b_j) (the same b as ``pinball_chain(·, d, seed)``,
-    the same head) gives f(θ_T) the same law as on the chain, at O(Kd) per
-    iteration instead of O(KΔd²): what lets the dimension study reach d = 4096+.
-    """
-    head = PinballResidual(tau)
-    b = rng.data_generator(seed, 1).standard_normal((1, d))
-    b /= np.linalg.norm(b)
-    noise = np.random.default_rng((seed, d, 13))
-    K, same = opt.samples, lambda v: v
-    targets = np.broadcast_to(b, (K, d))
-    state = opt.init(np.zeros(d), same)
-    for _ in range(T):
-        y = opt.point(state, same)
-        z = y + opt.gamma * noise.standard_normal((K, d))
-        _, dz = head(z, targets, 1.0 / K)
-        state = opt.update(state, y, dz.sum(0), same)
-    return head(state["theta"][None, :], b, 1.0)[0]
-
-
-def dimension_rows(dims, eps: float, seeds, gammas=(0.0, 0.25, 1.0, 4.0), fault="planned"):
-    """Per d: the plan, mean ± s.e. of f(θ_T) − f* for γ = c·γ_plan, and the predictions.
-
-    c = 0 is the control (no smoothing, same schedule and K), c = 1 the plan;
-    ``tuned`` is the c > 0 with the smallest mean. ``fault`` is applied to every
-    run (``FAULTS``).
-    """
-    rows = []
-    for d in dims:
-        base_plan, T, _ = pprs_plan(eps, 1.0, 1.0, d)
-        base = FAULTS[fault](base_plan)
-        by_c = {}
-        for c in gammas:
-            m = dataclasses.replace(base, gamma=c * base.gamma)
-            gaps = np.array([rotated_pinball_run(d, s, m, T) for s in seeds])
-            by_c[c] = mean_se(gaps)
-        tuned = min((c for c in gammas if c > 0), key=lambda c: by_c[c][0])
-        rows.append(
-            {
-                "d": d,
-                "T": T,
-                "K": base.samples,
-                "gamma": base.gamma,
-                "bound": acsa_plan(eps, 1.0, 1.0, d).bound,
-                "floor": pinball_smoothing_gap(d, base.gamma),
-                "gaps": by_c,
-                "tuned": tuned,
-            }
-        )
-    return rows
-
-
-def _dimension(args) -> None:
-    gammas = (0.0, 0.25, 1.0, 4.0)
-    for fault in args.faults:
-        rows = dimension_rows(args.dims, args.eps, range(args.seeds), gammas, fault)
-        print(
-            f"PPRS on pinball-chain (rotated), eps = {args.eps}, {args.seeds} seeds, "
-            f"fault: {fault}; f(theta_T) - f* mean +- s.e. at gamma = c x gamma_plan"
-        )
-        head = " ".join(f"{'c = ' + format(c, 'g'):>19}" for c in gammas)
-        print(f"{'d':>6} {'T':>5} {'K':>3} {'bound':>7} {'floor':>8} {head}  tuned  plan <= eps")
-        for r in rows:
-            cells = " ".join(f"{r['gaps'][c][0]:>10.5f}+-{r['gaps'][c][1]:<7.5f}" for c in gammas)
-            ok = "yes" if r["gaps"][1.0][0] <= args.eps else "NO"
-            print(
-                f"{r['d']:>6} {r['T']:>5} {r['K']:>3} {r['bound']:>7.4f} {r['floor']:>8.5f} "
-                f"{cells}  {r['tuned']:>5g}  {ok}"
-            )
-        print()
-
-
 def _exponent(args) -> None:
     for name in args.problems:
         rows = exponent_rows(name, args.x, args.depth)
@@ -290,19 +213,12 @@ def main(argv=None) -> None:
     f.add_argument("--dim", type=int, default=16)
     f.add_argument("--seeds", type=int, default=10)
     f.add_argument("--faults", nargs="+", default=list(FAULTS), choices=list(FAULTS))
-    m = sub.add_parser("dimension", help="PPRS final gap against d on pinball-chain, gamma grid")
-    m.add_argument("--dims", type=int, nargs="+", default=[16, 64, 256, 1024, 4096])
-    m.add_argument("--eps", type=float, default=0.1)
-    m.add_argument("--seeds", type=int, default=10)
-    m.add_argument("--faults", nargs="+", default=["planned"], choices=list(FAULTS))
     args = ap.parse_args(argv)
     if args.what == "exponent" and (min(args.x) < 4 or args.depth < 1):
         ap.error("--x: every x = RL/eps must be >= 4 (and --depth >= 1)")
     if args.what == "final" and not (args.eps > 0 and args.dim >= 1 and args.seeds >= 2):
         ap.error("--eps must be > 0, --dim >= 1 and --seeds >= 2 (a standard error needs two)")
-    if args.what == "dimension" and not (args.eps > 0 and min(args.dims) >= 1 and args.seeds >= 2):
-        ap.error("--eps must be > 0, every --dims >= 1 and --seeds >= 2")
-    {"exponent": _exponent, "final": _final, "dimension": _dimension}[args.what](args)
+    {"exponent": _exponent, "final": _final}[args.what](args)
 
 
 if __name__ == "__main__":

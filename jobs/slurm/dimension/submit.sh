@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 mkdir -p logs results
 ids=()
-for script in array-2.sbatch; do
+for script in array-1.sbatch; do
   id=$(sbatch --parsable "$script")
   ids+=("${id%%;*}")
   echo "submitted $script as job ${id%%;*}"
