@@ -205,8 +205,8 @@ def _speed_limit(res, runs) -> None:
         Verdict(
             NAME,
             "no run reaches eps before the speed limit n_min(eta) of its step",
-            "iterations to eps >= n_min: f(theta_t) - f* >= s sum_j rho(|b_j| - eta t(t+1)/2 ...) "
-            "(worstcase.pinball_speed_limit)",
+            "iterations to eps >= n_min, where f(theta_t) - f* >= s sum_j rho(abs(b_j) - "
+            "eta t(t+1)/2 ...) (worstcase.pinball_speed_limit)",
             f"{len(reached) - len(bad)}/{len(reached)} runs; iterations / n_min "
             f"{min(ratio):.3g}-{max(ratio):.3g}",
             not bad,
