@@ -305,10 +305,12 @@ class Engine:
         else:
             base = own(st.views(point))
             self._point, self._point_views = point, base
-        delta = point.reshape(m, self.spec.d_in) if input_var else None
         gdelta = grad.reshape(m, self.spec.d_in) if input_var else None
-        # plain: every sample runs at the base parameters and there is no input to build
-        plain = not input_var and not perturb
+        # x + δ, the input of every sample when it is not perturbed
+        xk = self.batch.x + point.reshape(m, self.spec.d_in) if input_var else None
+        # per sample: parameters or input of its own (made at its first forward, freed
+        # after its last backward); otherwise every sample runs the same
+        per_sample = perturb or (input_var and gamma != 0.0)
         clock, waiter = self.clock, self.waiter
         tick = clock.tick
         model = isinstance(clock, ModelClock)
@@ -323,11 +325,9 @@ class Engine:
         item_losses[:] = 0.0
         inv_m = 1.0 / m
         (rf_slot, rf_bytes), (rb_slot, rb_bytes), (sf_slot, _), (sb_slot, _) = self._slots
-        params: dict[int, object] = {}
-        inputs: dict[int, np.ndarray] = {}
+        samples: dict[int, tuple] = {}
         left: dict[int, int] = {}
         caches: dict[int, object] = {}
-        x_plus_delta = None
 
         def receive(req, fwd: bool, i: int) -> None:
             """Complete item i's receive under the wait policy, the watchdog and the clock."""
@@ -346,25 +346,17 @@ class Engine:
                 else:
                     clock.receive(rb_slot[i][-1], rb_bytes[i])
 
-        def sample(k: int):
-            """Sample k's parameters (and input, for δ), made at its first forward."""
-            nonlocal x_plus_delta
-            if k not in params:
+        def sample(k: int) -> tuple:
+            """Sample k's (parameters, input): θ + γZ_k, or x + δ + γZ_k on the first stage."""
+            if k not in samples:
+                params = base
                 if perturb:
-                    params[k] = own(st.views(st.perturbed(point, gamma, self.seed, call, k)))
-                else:
-                    params[k] = base
-                left[k] = M
+                    params = own(st.views(st.perturbed(point, gamma, self.seed, call, k)))
+                x0 = xk
                 if input_var:
-                    if x_plus_delta is None:  # the same for every sample
-                        x_plus_delta = self.batch.x + delta
-                    x0 = x_plus_delta
-                    if gamma != 0.0:
-                        x0 = x0 + gamma * rng.noise(
-                            self.seed, call, rng.INPUT_PARAM_ID, k, x0.shape
-                        )
-                    inputs[k] = x0
-            return params[k]
+                    x0 = xk + gamma * rng.noise(self.seed, call, rng.INPUT_PARAM_ID, k, xk.shape)
+                samples[k], left[k] = (params, x0), M
+            return samples[k]
 
         readys: list[float] = []
         ends: list[float] = []
@@ -373,7 +365,7 @@ class Engine:
         clock.reset()
         MPI.Prequest.Startall(self._recvs)
         t_first = t_end = tick()
-        p = base
+        p, xs = base, xk
         for fwd, i, k, j, r0, r1, rreq, x, out, sreq in self._plan:
             if rreq is not None:
                 if direct:
@@ -381,11 +373,11 @@ class Engine:
                 else:
                     receive(rreq, fwd, i)
             ready_add(tick())
-            if not plain:
-                p = sample(k)
+            if per_sample:
+                p, xs = sample(k)
             if fwd:  # forward of item i
                 if input_var:
-                    x = inputs[k][r0:r1]
+                    x = xs[r0:r1]
                 caches[i] = fwd_into(x, p, out)
                 if last:
                     item_losses[i], seeds[i] = head(out, t_rows[j], inv_m)
@@ -405,11 +397,10 @@ class Engine:
                         self._emulate()
                     if model:
                         clock.compute("B")
-                if not plain:
+                if per_sample:
                     left[k] -= 1
                     if left[k] == 0:
-                        del params[k], left[k]
-                        inputs.pop(k, None)
+                        del samples[k], left[k]
             if sreq is not None:
                 if model:  # the message carries its send time
                     (sf_slot if fwd else sb_slot)[i][-1] = tick()
