@@ -120,22 +120,29 @@ def _entry(name: str, make, about: str, check=None) -> ProblemEntry:
     )
 
 
-def _smooth_check(cfg) -> None:
-    """quad-chain is β-smooth with no Lipschitz constant L: theory mode plans GD or AGD
-    (theory_plan's smooth rules); PPRS's rule needs L."""
-    need_single_example("quad-chain")(cfg)
-    need(
-        not (cfg.mode == "theory" and cfg.optimizer == "pprs"),
-        "optimizer",
-        cfg.optimizer,
-        "theory mode on quad-chain (smooth: beta and R known, no L) plans gd or agd only",
-    )
+def smooth_check(name: str):
+    """The check of a β-smooth chain with no Lipschitz constant L: theory mode plans GD or
+    AGD (theory_plan's smooth rules); PPRS's rule needs L."""
+
+    def check(cfg) -> None:
+        need_single_example(name)(cfg)
+        need(
+            not (cfg.mode == "theory" and cfg.optimizer == "pprs"),
+            "optimizer",
+            cfg.optimizer,
+            f"theory mode on {name} (smooth: beta and R known, no L) plans gd or agd only",
+        )
+
+    return check
 
 
 ENTRIES = {
     "l1-chain": _entry("l1-chain", l1_chain, "(1/√d)‖θQ − b‖₁: non-smooth, L = 1, f* = 0"),
     "max-chain": _entry("max-chain", max_chain, "max_j (θQ)_j + (μ/2)‖θ‖²: non-smooth, known f*"),
     "quad-chain": _entry(
-        "quad-chain", quad_chain, "ill-conditioned quadratic: β-smooth, f* = 0", _smooth_check
+        "quad-chain",
+        quad_chain,
+        "ill-conditioned quadratic: β-smooth, f* = 0",
+        smooth_check("quad-chain"),
     ),
 }

@@ -1,4 +1,4 @@
-"""Hard instances for the non-smooth claims: nesterov-chain and pinball-chain.
+"""Hard instances: nesterov-chain and pinball-chain (non-smooth), tridiag-chain (smooth).
 
 Both are convex chains (θ = δ at the input, x = 0, m = 1, Δ fixed orthogonal
 layers Q = Q₁⋯Q_Δ, z = θQ), so f(θ) = g(θQ) has the f*, L and R of g and
@@ -9,6 +9,8 @@ layers Q = Q₁⋯Q_Δ, z = θQ), so f(θ) = g(θQ) has the f*, L and R of g and
   ≥ (RL/(4ε))², and GD at its theory step needs ≤ (RL/ε)²).
 * ``pinball-chain``: Gaussian smoothing has a real bias (the minimiser of
   f_γ is not θ*), so γ and the sample count K decide the outcome.
+* ``tridiag-chain``: Nesterov's worst-case β-smooth quadratic, on which every
+  span method needs Ω(√(βR²/ε)) iterations while d ≥ 2T + 1.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import numpy as np
 from scipy.stats import norm
 
 from hpcpipe.model import rng
-from hpcpipe.model.losses import PinballResidual
+from hpcpipe.model.losses import PinballResidual, TridiagQuadratic
 from hpcpipe.model.stages import Batch
 from hpcpipe.problems.base import L2Regulariser
-from hpcpipe.problems.chains import ChainProblem, _entry, _orth_spec
+from hpcpipe.problems.chains import ChainProblem, _entry, _orth_spec, smooth_check
 
 PINBALL_TAU = 0.75
 
@@ -198,6 +200,81 @@ def pinball_first_possible(
     return hi
 
 
+def tridiag_chain(depth: int, d: int, seed: int, beta: float = 1.0) -> ChainProblem:
+    """f(θ) = g(θQ), g Nesterov's worst-case quadratic (Nesterov 2004, §2.1.2, with k = d).
+
+    g(z) = (β/8)(z₁² + Σ_{i<d} (z_i − z_{i+1})² + z_d²) − (β/4)z₁ (``TridiagQuadratic``):
+    ∇²g = (β/4)·tridiag(−1, 2, −1) has norm ≤ β, so f is β-smooth and convex.
+
+    Minimiser z*_i = 1 − i/(d+1), f* = (β/8)(−1 + 1/(d+1)); from θ₀ = 0,
+    R² = ‖z*‖² = Σ_{j=1}^{d} (j/(d+1))² = d(2d+1)/(6(d+1)).
+
+    Lower bound (Nesterov 2004, Lemma 2.1.5 and Thm 2.1.7). ∇g(z) = Az − b with
+    A tridiagonal and b ∝ e₁: if z is supported on the first j coordinates,
+    ∇g(z) is supported on the first j + 1. So a method whose iterates lie in the
+    span of the gradients it saw (GD, AGD: Q maps that span to z's) has θ_tQ in
+    R^{t,d} = span(e₁…e_t) after t oracle calls, and on R^{t,d} g is the
+    t-dimensional instance: min over R^{t,d} = (β/8)(−1 + 1/(t+1)). Hence
+
+        f(θ_t) − f* ≥ (β/8)·(1/(t+1) − 1/(d+1))   for every t < d     (``tridiag_span_gap``),
+
+    and reaching ε takes at least N_lb = min{t : (β/8)(1/(t+1) − 1/(d+1)) ≤ ε}
+    oracle calls (``tridiag_span_iterations``). While t ≤ T ≤ (d − 1)/2 the bound
+    is ≥ β/(16(t+1)), and with d + 1 = 2(T + 1) (so R² ≤ (d + 1)/3 = 2(T + 1)/3) it
+    is ≥ 3βR²/(32(T + 1)²) at t = T: Nesterov's Θ(βR²/T²), i.e. Ω(√(βR²/ε))
+    iterations, for the T the instance is built for (``tridiag_dim``).
+    """
+    head = TridiagQuadratic(beta)
+    spec = _orth_spec(depth, d, "tridiag", seed, beta=beta)
+    z_star = head.minimiser(d)[None, :]
+    return ChainProblem(
+        "tridiag-chain",
+        spec,
+        Batch(np.zeros((1, d)), np.zeros((1, d))),
+        "input",
+        d,
+        f_star=head.minimum(d),
+        beta=float(beta),
+        R=float(np.linalg.norm(z_star)),  # = sqrt(d(2d+1)/(6(d+1)))
+        z_star=z_star,
+    )
+
+
+def tridiag_span_gap(t: int, d: int, beta: float = 1.0) -> float:
+    """(β/8)(1/(t+1) − 1/(d+1)): f(θ_t) − f* of every span method after t < d calls is
+    at least this on tridiag-chain (0 for t ≥ d; see ``tridiag_chain``)."""
+    return beta / 8.0 * (1.0 / (t + 1) - 1.0 / (d + 1)) if t < d else 0.0
+
+
+def tridiag_span_iterations(eps: float, d: int, beta: float = 1.0) -> int:
+    """N_lb: the fewest oracle calls after which a span method can have f − f* ≤ ε on
+    tridiag-chain of dimension d, the least t with ``tridiag_span_gap(t)`` ≤ ε."""
+    if eps <= 0:
+        raise ValueError(f"epsilon must be > 0, got {eps}")
+    t = max(0, math.ceil(1.0 / (8.0 * eps / beta + 1.0 / (d + 1))) - 1)
+    while t > 0 and tridiag_span_gap(t - 1, d, beta) <= eps:  # rounding of the closed form
+        t -= 1
+    while tridiag_span_gap(t, d, beta) > eps:
+        t += 1
+    return t
+
+
+def tridiag_radius(d: int) -> float:
+    """R = ‖z*‖ = √(d(2d+1)/(6(d+1))) of tridiag-chain from θ₀ = 0."""
+    return math.sqrt(d * (2 * d + 1) / (6.0 * (d + 1)))
+
+
+def tridiag_dim(eps: float, beta: float = 1.0) -> int:
+    """The least d ≥ 2T + 1, T = ⌈√(2βR_d²/ε)⌉ AGD's planned iterations on tridiag-chain of
+    dimension d: the span lower bound then covers every iteration AGD runs."""
+    if eps <= 0:
+        raise ValueError(f"epsilon must be > 0, got {eps}")
+    d = 1
+    while d < 2 * math.ceil(math.sqrt(2 * beta * tridiag_radius(d) ** 2 / eps)) + 1:
+        d += 1
+    return d
+
+
 ENTRIES = {
     "nesterov-chain": _entry(
         "nesterov-chain",
@@ -208,5 +285,11 @@ ENTRIES = {
         "pinball-chain",
         pinball_chain,
         "pinball loss τ = 3/4 through the chain: Gaussian smoothing biased, L = 1, f* = 0",
+    ),
+    "tridiag-chain": _entry(
+        "tridiag-chain",
+        tridiag_chain,
+        "Nesterov's worst-case quadratic: β = 1-smooth, span methods need Ω(√(βR²/ε)) steps",
+        smooth_check("tridiag-chain"),
     ),
 }

@@ -191,3 +191,33 @@ def save_figure(fig, outdir: Path, name: str, res: StudyResult) -> None:
 
 def files_of(recs) -> list[str]:
     return sorted(r.file for r in recs)
+
+
+def mpi_equals_simulated(study: str, recs, key) -> Verdict | None:
+    """Consistency row: each MPI run equals the simulated run of the same ``key(record)``
+    on the model clock (pipeline time bitwise, loss to 1e-9, over the MPI run's rows).
+    None when no MPI run has a simulated twin."""
+    sims = {key(r): r for r in recs if r.executor == "simulated"}
+    pairs, bad = [], []
+    for s in (r for r in recs if r.executor == "mpi"):
+        ref = sims.get(key(s))
+        if ref is None:
+            continue
+        k = len(s.it["iteration"])
+        pairs.append(s)
+        same_t = np.array_equal(s.it["pipeline_time"], ref.it["pipeline_time"][:k])
+        same_f = np.allclose(s.it["loss"], ref.it["loss"][:k], rtol=1e-9, atol=1e-12)
+        if not (same_t and same_f):
+            bad.append(s.file)
+    if not pairs:
+        return None
+    return Verdict(
+        study,
+        "MPI spot checks (model clock) = simulated runs",
+        "pipeline time bitwise, loss to 1e-9, same configuration",
+        f"{len(pairs) - len(bad)}/{len(pairs)} runs agree",
+        not bad,
+        sorted(bad) or files_of(pairs),
+        kind="consistency",
+        executor="mpi + simulated",
+    )
