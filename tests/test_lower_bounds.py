@@ -212,3 +212,128 @@ def test_pprs_upper_bound_fails_when_the_pipeline_pays_the_depth_once_per_sample
     _run(tmp_path, "pprs-seq", depth=16, **{**K16, **values})
     rows = _rows(lower.study(load_records(tmp_path), tmp_path))
     assert _find(rows, "PPRS: time to eps <=").ok is False
+
+
+# ---------------------------------------------------------------- smooth non-convex
+
+
+def test_zero_chain_gradient_matches_finite_differences_and_is_a_zero_chain():
+    from hpcpipe.model.losses import ZeroChain
+
+    head = ZeroChain()
+    z = np.random.default_rng(1).uniform(-2, 3, (3, 6))
+    _, g = head(z, None, 1.0)
+    h = 1e-6
+    for r in range(3):
+        for j in range(6):
+            e = np.zeros_like(z)
+            e[r, j] = h
+            fd = (head(z + e, None, 1.0)[0] - head(z - e, None, 1.0)[0]) / (2 * h)
+            assert math.isclose(g[r, j], fd, abs_tol=1e-7)
+    # zero chain: with |z_j| <= 1/2 the gradient has no component beyond j + 1
+    z = np.array([[2.0, 0.3, 0.0, 0.0, 0.0]])
+    assert np.all(head(z, None, 1.0)[1][0, 3:] == 0.0) and head(z, None, 1.0)[1][0, 2] == 0.0
+
+
+def test_zero_chain_constants_against_scipy_and_the_derivative_bounds():
+    from scipy.optimize import minimize as smin
+
+    from hpcpipe.model.losses import ZeroChain
+    from hpcpipe.problems.nonconvex import zero_chain, zero_chain_gap0, zero_chain_inf
+
+    x = np.linspace(-6, 6, 20001)
+    psi, dpsi = ZeroChain.psi(x)
+    phi, dphi = ZeroChain.phi(x)
+    d2psi = np.gradient(dpsi, x)
+    assert psi.max() <= math.e and dpsi.max() <= math.sqrt(54 / math.e)
+    assert np.abs(d2psi).max() <= 32.5 and phi.max() <= math.sqrt(2 * math.pi * math.e)
+    assert dphi.max() <= math.sqrt(math.e) + 1e-12
+    T = 5
+    prob = zero_chain(2, T, 0)
+    ref = Reference(prob.spec, prob.batch, "input")
+    f0 = ref.loss_and_grad(np.zeros(T))[0][0]
+    assert math.isclose(f0 - prob.f_star, zero_chain_gap0(T), rel_tol=1e-12)
+    assert zero_chain_gap0(T) <= 12 * T
+    rng = np.random.default_rng(2)
+    best = math.inf
+    for _ in range(6):  # scipy never goes below the derived infimum, and gets close to it
+        res = smin(
+            lambda th: ref.loss_and_grad(th)[0][0],
+            rng.uniform(0, 8, T) @ chain_map(prob.spec).T,
+            jac=lambda th: ref.loss_and_grad(th)[1],
+            method="L-BFGS-B",
+        )
+        assert res.fun >= zero_chain_inf(T) - 1e-9
+        best = min(best, res.fun)
+    assert best - zero_chain_inf(T) < 1e-3
+    # beta = 152 bounds the Hessian (finite differences) at random points
+    q = chain_map(prob.spec)
+    for _ in range(8):
+        th = rng.uniform(-3, 3, T) @ q.T
+        hess = np.array(
+            [
+                (ref.loss_and_grad(th + 1e-5 * e)[1] - ref.loss_and_grad(th - 1e-5 * e)[1]) / 2e-5
+                for e in np.eye(T)
+            ]
+        )
+        assert np.abs(np.linalg.eigvalsh((hess + hess.T) / 2)).max() <= prob.beta
+    # the gradient is large while |z_T| < 1 (Carmon et al. 2020, Lemma 3)
+    for _ in range(200):
+        z = rng.uniform(-3, 3, T)
+        z[-1] = rng.uniform(-1, 1)
+        assert np.linalg.norm(ref.loss_and_grad(z @ q.T)[1]) > 1
+
+
+def _zero(out, label, depth, lr_scale=1.0, iterations=4000, T=4, eps=1.0):
+    _run(
+        out,
+        label,
+        problem="zero-chain",
+        dim=T,
+        depth=depth,
+        epsilon=eps,
+        tag="nonconvex",
+        optimizer="gd",
+        lr=lr_scale / 152,
+        iterations=iterations,
+        eval_every=0,
+    )
+
+
+@pytest.fixture(scope="module")
+def nonconvex_clean(tmp_path_factory):
+    out = tmp_path_factory.mktemp("nonconvex")
+    for depth in (2, 128):  # at 128 a depth charged once beats the bound (T = 4, 327 calls)
+        _zero(out, f"D{depth}", depth)
+    return out
+
+
+def test_nonconvex_rows_hold(nonconvex_clean, tmp_path):
+    from hpcpipe.studies import nonconvex
+
+    res = nonconvex.study(load_records(nonconvex_clean), tmp_path)
+    rows = _rows(res)
+    assert _find(rows, "lower bound applies").ok
+    assert _find(rows, "time to ||grad f|| <= eps >=").ok
+    assert _find(rows, "time to ||grad f|| <= eps <=").ok
+    assert any("regime: zero-chain" in n for n in res.notes)
+
+
+def test_nonconvex_lower_side_fails_for_a_timing_that_charges_the_depth_once(
+    nonconvex_clean, tmp_path
+):
+    from hpcpipe.studies import nonconvex
+
+    recs = _charge_depth_once(load_records(nonconvex_clean))
+    rows = _rows(nonconvex.study(recs, tmp_path))
+    assert _find(rows, "time to ||grad f|| <= eps >=").ok is False
+
+
+def test_nonconvex_upper_side_fails_for_a_step_divided_by_64(tmp_path):
+    from hpcpipe.problems.nonconvex import gd_calls
+    from hpcpipe.studies import nonconvex
+
+    # eps = 1.2: N_ub = 7552 calls; GD needs 298 at 1/beta, about 19000 at 1/(64 beta)
+    _zero(tmp_path, "slow", 2, lr_scale=1 / 64, iterations=gd_calls(4, 1.2), eps=1.2)
+    rows = _rows(nonconvex.study(load_records(tmp_path), tmp_path))
+    assert _find(rows, "time to ||grad f|| <= eps <=").ok is False

@@ -305,6 +305,7 @@ def test_shipped_configs_and_sweeps_validate(tmp_path):
         "smooth-worstcase",
         "lower",
         "lower-mpi",
+        "nonconvex",
         "paper",
         "paper-fgsm",
         "paper-fewshot",

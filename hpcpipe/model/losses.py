@@ -188,6 +188,56 @@ class TridiagQuadratic(LossHead):
         return self.beta / 8.0 * (-1.0 + 1.0 / (c + 1))
 
 
+class ZeroChain(LossHead):
+    """Carmon, Duchi, Hinder, Sidford's hard non-convex chain (Math. Prog. 2020, eq. (9)).
+
+    ℓ(z) = −Ψ(1)Φ(z₁) + Σ_{i=2}^{c} [Ψ(−z_{i−1})Φ(−z_i) − Ψ(z_{i−1})Φ(z_i)] (targets
+    ignored), with Ψ(x) = 0 for x ≤ 1/2, exp(1 − 1/(2x − 1)²) for x > 1/2, and
+    Φ(x) = √e ∫_{−∞}^x e^{−t²/2} dt = √(2πe)·N(x) (N the standard normal cdf).
+    Ψ'(x) = Ψ(x)·4/(2x − 1)³ (x > 1/2), Φ'(x) = √e·e^{−x²/2}; so
+
+        ∂ℓ/∂z_j = −[Ψ(−z_{j−1})Φ'(−z_j) + Ψ(z_{j−1})Φ'(z_j)]   (j ≥ 2; −Φ'(z₁) for j = 1)
+                  − [Ψ'(−z_j)Φ(−z_{j+1}) + Ψ'(z_j)Φ(z_{j+1})]   (j < c).
+
+    Ψ vanishes on (−∞, 1/2], so ∂ℓ/∂z_{j+1} = 0 while |z_j| ≤ 1/2 (a "zero chain").
+    """
+
+    name = "zero-chain"
+
+    SQRT_E = float(np.sqrt(np.e))
+
+    @staticmethod
+    def psi(x: Array) -> tuple[Array, Array]:
+        """Ψ(x) and Ψ'(x)."""
+        out, dout = np.zeros_like(x), np.zeros_like(x)
+        m = x > 0.5
+        u = 2.0 * x[m] - 1.0
+        out[m] = np.exp(1.0 - 1.0 / (u * u))
+        dout[m] = out[m] * 4.0 / (u * u * u)
+        return out, dout
+
+    @classmethod
+    def phi(cls, x: Array) -> tuple[Array, Array]:
+        """Φ(x) and Φ'(x)."""
+        from scipy.special import ndtr
+
+        return cls.SQRT_E * np.sqrt(2.0 * np.pi) * ndtr(x), cls.SQRT_E * np.exp(-0.5 * x * x)
+
+    def __call__(self, z, targets, weight):
+        a, b = z[:, :-1], z[:, 1:]
+        pa, dpa = self.psi(a)
+        pna, dpna = self.psi(-a)
+        fb, dfb = self.phi(b)
+        fnb, dfnb = self.phi(-b)
+        f1, df1 = self.phi(z[:, :1])
+        loss = float((pna * fnb - pa * fb).sum()) - float(f1.sum())
+        grad = np.zeros_like(z)
+        grad[:, :1] -= df1
+        grad[:, 1:] -= pna * dfnb + pa * dfb
+        grad[:, :-1] -= dpna * fnb + dpa * fb
+        return weight * loss, weight * grad
+
+
 HEADS = {
     "cross_entropy": SoftmaxCrossEntropy,
     "margin": Margin,
@@ -196,6 +246,7 @@ HEADS = {
     "max": MaxHead,
     "pinball": PinballResidual,
     "tridiag": TridiagQuadratic,
+    "zero-chain": ZeroChain,
 }
 
 

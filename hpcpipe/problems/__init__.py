@@ -2,19 +2,24 @@
 projection, regulariser, metrics, known constants and settings checks).
 
 ``PROBLEMS`` maps names to ``ProblemEntry``: the built-in chains
-(``chains``), the hard instances (``worstcase``) and digits problems
+(``chains``), the hard instances (``worstcase``, ``nonconvex``) and digits problems
 (``digits``), any registered with ``register_problem``, and
 ``package.module:factory`` names imported on use.
 """
 
 from __future__ import annotations
 
-from hpcpipe.problems import chains, digits, worstcase
+from hpcpipe.problems import chains, digits, nonconvex, worstcase
 from hpcpipe.problems.base import L2Regulariser, Problem, ProblemEntry, as_entry, no_check
 from hpcpipe.registry import Registry
 
 PROBLEMS: Registry[ProblemEntry] = Registry("problem", load=as_entry)
-for _name, _entry in {**chains.ENTRIES, **worstcase.ENTRIES, **digits.ENTRIES}.items():
+for _name, _entry in {
+    **chains.ENTRIES,
+    **worstcase.ENTRIES,
+    **nonconvex.ENTRIES,
+    **digits.ENTRIES,
+}.items():
     PROBLEMS.register(_name, _entry)
 
 

@@ -38,9 +38,10 @@ class Record:
         d = self.per_iteration_time
         return float(np.median(d[1:] if len(d) > 1 else d))
 
-    def first_reach(self, eps: float) -> tuple[float, float]:
-        """(iterations, pipeline time) at the first iterate with f − f* <= eps; NaN if never."""
-        gap = self.it["gap"]
+    def first_reach(self, eps: float, column: str = "gap") -> tuple[float, float]:
+        """(iterations, pipeline time) at the first row whose ``column`` is <= eps (by
+        default the first iterate with f − f* <= eps); NaN if never."""
+        gap = self.it[column]
         hit = np.flatnonzero(np.isfinite(gap) & (gap <= eps))
         if hit.size == 0:
             return math.nan, math.nan
@@ -221,3 +222,38 @@ def mpi_equals_simulated(study: str, recs, key) -> Verdict | None:
         kind="consistency",
         executor="mpi + simulated",
     )
+
+
+def row_table(title: str, rows: list[dict], keys: list[str], order: list[str]) -> tuple:
+    """A report table of per-run dicts: the ``keys`` columns and the file, sorted by ``order``."""
+    ordered = sorted(rows, key=lambda w: tuple(w[k] for k in order))
+    return title, [*keys, "file"], [[w[k] for k in keys] + [w["file"]] for w in ordered]
+
+
+def depth_ratio_figure(
+    series: list[tuple[str, list[float], list[float], str]],
+    line: str,
+    ylabel: str,
+    title: str,
+    name: str,
+    res: StudyResult,
+    outdir: Path,
+) -> None:
+    """Ratios against depth on log-log axes, one (label, depths, ratios, style) per series
+    (style "-": measured, ":": a bound, in the colour of the series before it), with the
+    reference level 1 labelled ``line``."""
+    plt = figure()
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    i = -1
+    for label, depths, ratios, style in series:
+        if style == "-":
+            i += 1
+            ax.loglog(depths, ratios, "-", label=label, **series_style(i))
+        else:
+            ax.loglog(depths, ratios, style, color=series_style(max(i, 0))["color"], label=label)
+    ax.axhline(1.0, color="k", ls="--", lw=1, label=line)
+    ax.set_xlabel("depth (layers = stages)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    legend_outside(ax)
+    save_figure(fig, outdir, name, res)

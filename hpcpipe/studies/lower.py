@@ -49,12 +49,10 @@ from pathlib import Path
 from hpcpipe.studies.common import (
     StudyResult,
     Verdict,
-    figure,
+    depth_ratio_figure,
     files_of,
-    legend_outside,
     mpi_equals_simulated,
-    save_figure,
-    series_style,
+    row_table,
 )
 
 NAME = "lower"
@@ -139,27 +137,22 @@ def _upper_row(rows, method, claim, bound, recs) -> Verdict | None:
 
 
 def _figure(rows, res: StudyResult, outdir: Path) -> None:
-    plt = figure()
-    fig, ax = plt.subplots(figsize=(8, 4.6))
-    groups = sorted({(w["method"], w["x"]) for w in rows if w["executor"] == "simulated"})
-    for i, (m, x) in enumerate(groups):
-        g = sorted(
-            (w for w in rows if (w["method"], w["x"]) == (m, x) and w["executor"] == "simulated"),
-            key=lambda w: w["depth"],
+    sims = [w for w in rows if w["executor"] == "simulated"]
+    series = []
+    for m, x in sorted({(w["method"], w["x"]) for w in sims}):
+        g = sorted((w for w in sims if (w["method"], w["x"]) == (m, x)), key=lambda w: w["depth"])
+        series.append(
+            (f"{m}, x = {x:g}", [w["depth"] for w in g], [w["time"] / w["lb_form"] for w in g], "-")
         )
-        ax.loglog(
-            [w["depth"] for w in g],
-            [w["time"] / w["lb_form"] for w in g],
-            "-",
-            label=f"{m}, x = {x:g}",
-            **series_style(i),
-        )
-    ax.axhline(1.0, color="k", ls="--", lw=1, label="LB_form = (tF+tB)(x^2/72 + x depth/3)")
-    ax.set_xlabel("depth (layers = stages)")
-    ax.set_ylabel("time to eps / LB_form")
-    ax.set_title("nesterov-chain: measured time to eps over the lower bound's form")
-    legend_outside(ax)
-    save_figure(fig, outdir, "lower.png", res)
+    depth_ratio_figure(
+        series,
+        "LB_form = (tF+tB)(x^2/72 + x depth/3)",
+        "time to eps / LB_form",
+        "nesterov-chain: measured time to eps over the lower bound's form",
+        "lower.png",
+        res,
+        outdir,
+    )
 
 
 def study(records, outdir: Path) -> StudyResult:
@@ -240,13 +233,11 @@ def study(records, outdir: Path) -> StudyResult:
     keys = ["method", "k", "x", "depth", "executor", "schedule", "K", "iterations"]
     keys += ["lb_span", "lb_form", "time", "upper"]
     res.tables.append(
-        (
+        row_table(
             "nesterov-chain: lower bounds <= measured time to eps <= upper bounds (tau)",
-            [*keys, "file"],
-            [
-                [w[c] for c in keys] + [w["file"]]
-                for w in sorted(rows, key=lambda w: (w["method"], w["x"], w["depth"]))
-            ],
+            rows,
+            keys,
+            ["method", "x", "depth"],
         )
     )
     return res

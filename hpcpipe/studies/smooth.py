@@ -35,6 +35,7 @@ from hpcpipe.studies.common import (
     files_of,
     legend_outside,
     loglog_slope,
+    row_table,
     save_figure,
 )
 
@@ -139,13 +140,8 @@ def _worst_case(recs, res: StudyResult, outdir: Path) -> None:
     legend_outside(ax)
     save_figure(fig, outdir, "smooth-worstcase.png", res)
     keys = ["depth", "d", "eps", "momentum", "N_lb", "iterations", "T", "lower", "time", "upper"]
-    res.tables.append(
-        (
-            "AGD on tridiag-chain: lower bound <= measured <= upper bound (pipeline time, tau)",
-            ["file", *keys],
-            [[w["file"], *(w[k] for k in keys)] for w in rows],
-        )
-    )
+    title = "AGD on tridiag-chain: lower bound <= measured <= upper bound (pipeline time, tau)"
+    res.tables.append(row_table(title, rows, keys, ["eps", "depth"]))
 
 
 def study(records, outdir: Path) -> StudyResult:
