@@ -235,13 +235,10 @@ def depth_ratio_figure(
     line: str,
     ylabel: str,
     title: str,
-    name: str,
-    res: StudyResult,
-    outdir: Path,
-) -> None:
-    """Ratios against depth on log-log axes, one (label, depths, ratios, style) per series
-    (style "-": measured, ":": a bound, in the colour of the series before it), with the
-    reference level 1 labelled ``line``."""
+):
+    """A figure of ratios against depth on log-log axes, one (label, depths, ratios, style)
+    per series (style "-": measured, ":": a bound, in the colour of the series before
+    it), with the reference level 1 labelled ``line``; the caller saves it."""
     plt = figure()
     fig, ax = plt.subplots(figsize=(8, 4.6))
     i = -1
@@ -256,4 +253,4 @@ def depth_ratio_figure(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     legend_outside(ax)
-    save_figure(fig, outdir, name, res)
+    return fig

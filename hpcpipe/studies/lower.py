@@ -53,6 +53,7 @@ from hpcpipe.studies.common import (
     files_of,
     mpi_equals_simulated,
     row_table,
+    save_figure,
 )
 
 NAME = "lower"
@@ -144,15 +145,13 @@ def _figure(rows, res: StudyResult, outdir: Path) -> None:
         series.append(
             (f"{m}, x = {x:g}", [w["depth"] for w in g], [w["time"] / w["lb_form"] for w in g], "-")
         )
-    depth_ratio_figure(
+    fig = depth_ratio_figure(
         series,
         "LB_form = (tF+tB)(x^2/72 + x depth/3)",
         "time to eps / LB_form",
         "nesterov-chain: measured time to eps over the lower bound's form",
-        "lower.png",
-        res,
-        outdir,
     )
+    save_figure(fig, outdir, "lower.png", res)
 
 
 def study(records, outdir: Path) -> StudyResult:

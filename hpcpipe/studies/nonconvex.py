@@ -33,6 +33,7 @@ from hpcpipe.studies.common import (
     depth_ratio_figure,
     files_of,
     row_table,
+    save_figure,
 )
 
 NAME = "nonconvex"
@@ -140,15 +141,13 @@ def study(records, outdir: Path) -> StudyResult:
                 ":",
             )
         )
-    depth_ratio_figure(
+    fig = depth_ratio_figure(
         series,
         "upper bound N_ub * depth * (tF+tB)",
         "pipeline time to ||grad f|| <= eps, over the upper bound",
         "zero-chain: GD (lr = 1/beta), lower bound <= measured <= upper bound",
-        "nonconvex.png",
-        res,
-        outdir,
     )
+    save_figure(fig, outdir, "nonconvex.png", res)
     keys = ["T", "eps", "depth", "lr*beta", "calls", "N_ub", "lower", "time", "upper"]
     res.tables.append(
         row_table(
