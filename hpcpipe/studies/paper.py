@@ -926,7 +926,8 @@ def _figures(res: StudyResult, kind: str, group: list[Setting], outdir: Path) ->
         for c in cells:
             i, j = meths.index(c["method"]), s.rates.index(c["lr"])
             z[i, j] = c["final"] - floor if math.isfinite(c["final"]) else np.nan
-        norm = LogNorm(vmin=max(np.nanmin(z, initial=top), 1e-3 * top), vmax=top, clip=True)
+        pos = z[np.isfinite(z) & (z > 0)]  # a final loss at the floor (0 here) takes vmin's colour
+        norm = LogNorm(vmin=min(pos.min(), top) if pos.size else 1e-3 * top, vmax=top, clip=True)
         cmap = plt.get_cmap("viridis").with_extremes(bad="lightgrey")  # not finite: diverged
         im = ax.imshow(z, aspect="auto", cmap=cmap, norm=norm, origin="upper")
         for c in cells:
