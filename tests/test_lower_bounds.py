@@ -337,3 +337,19 @@ def test_nonconvex_upper_side_fails_for_a_step_divided_by_64(tmp_path):
     _zero(tmp_path, "slow", 2, lr_scale=1 / 64, iterations=gd_calls(4, 1.2), eps=1.2)
     rows = _rows(nonconvex.study(load_records(tmp_path), tmp_path))
     assert _find(rows, "time to ||grad f|| <= eps <=").ok is False
+
+
+def test_mpi_spot_check_row_pairs_runs_and_fails_on_a_different_time(nonconvex_clean):
+    import copy
+
+    from hpcpipe.studies.common import mpi_equals_simulated
+
+    sims = load_records(nonconvex_clean)
+    twin = copy.deepcopy(sims[0])
+    twin.executor, twin.file = "mpi", "spot.h5"
+    key = lambda r: (r.config["depth"], r.config["dim"])  # noqa: E731
+    assert mpi_equals_simulated("nonconvex", [*sims, twin], key).ok
+    twin.it["pipeline_time"] = twin.it["pipeline_time"] * (1 + 1e-9)
+    row = mpi_equals_simulated("nonconvex", [*sims, twin], key)
+    assert row.ok is False and row.kind == "consistency" and row.files == ["spot.h5"]
+    assert mpi_equals_simulated("nonconvex", sims, key) is None  # no MPI run: no row

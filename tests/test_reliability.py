@@ -306,6 +306,7 @@ def test_shipped_configs_and_sweeps_validate(tmp_path):
         "lower",
         "lower-mpi",
         "nonconvex",
+        "nonconvex-mpi",
         "paper",
         "paper-fgsm",
         "paper-fewshot",

@@ -14,11 +14,12 @@ holds ‖∇f(θ_{t−1})‖, answered by call t. Both bounds are derived in
   such point is answered by call T + 1 at the earliest, and each call waits
   Δ(t_F + t_B) for its answer: time ≥ (T + 1)·Δ(t_F + t_B).
 
+Consistency (reported apart): the MPI spot checks equal the simulated runs.
 The lower side fails for a timing that charges the depth once per run; the
 upper side fails for GD whose step is divided by 64 (e.g. by the depth) at small T.
 
-    hpcpipe sweep jobs/sweeps/nonconvex.toml
-    hpcpipe analyze results/nonconvex -o report --study nonconvex
+    hpcpipe sweep jobs/sweeps/nonconvex.toml && hpcpipe sweep jobs/sweeps/nonconvex-mpi.toml
+    hpcpipe analyze results/nonconvex results/nonconvex-mpi -o report --study nonconvex
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from hpcpipe.studies.common import (
     Verdict,
     depth_ratio_figure,
     files_of,
+    mpi_equals_simulated,
     row_table,
     save_figure,
 )
@@ -121,6 +123,10 @@ def study(records, outdir: Path) -> StudyResult:
             files,
         )
     )
+    key = ("dim", "epsilon", "depth", "lr", "seed", "schedule")
+    spot = mpi_equals_simulated(NAME, recs, lambda r: tuple(r.config[k] for k in key))
+    if spot is not None:
+        res.verdicts.append(spot)
     series = []
     for T, eps in sorted({(w["T"], w["eps"]) for w in rows}):
         g = sorted((w for w in rows if (w["T"], w["eps"]) == (T, eps)), key=lambda w: w["depth"])
