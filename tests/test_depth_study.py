@@ -1,15 +1,18 @@
 """The depth study: predictions, rows that can fail, and planted faults that fail them."""
 
+import dataclasses
+import json
 import math
 
 import pytest
 
 from hpcpipe.studies import depth
 from hpcpipe.studies.common import load_records
-from hpcpipe.studies.depth_runs import DepthPlan, plant, run_study
+from hpcpipe.studies.depth_runs import DepthPlan, dim_for, main, plant, run_study, spot_sweep
+from hpcpipe.studies.sweep import load_sweep
 
-# max-chain, d = 4, x = RL/eps = 16: small enough for a test (T_PPRS = 182, K = 91)
-SMALL = dict(problem="max-chain", dim=4, xs=(16.0,), tuned=False, spot_depths=(), workers=1)
+# nesterov-chain at x = RL/eps = 16: d = k = 16, eps = 0.09375, T_GD = 256, T_PPRS = 256, K = 11
+SMALL = dict(problem="nesterov-chain", xs=(16.0,), tuned=False, spot_depths=(), workers=1)
 
 
 def test_crossover_predictions():
@@ -21,6 +24,13 @@ def test_crossover_predictions():
     assert depth.law_crossover(10, 20, 5) == math.inf  # GD needs fewer iterations: never
     assert depth.crossover([2, 8, 32], [0.5, 2.0, 4.0]) == pytest.approx(4.0)  # log-log
     assert depth.crossover([2, 8], [0.5, 0.9]) == math.inf
+    # the measured crossover against the range the iteration counts allow, within 2x
+    assert depth.crossover_agrees(304.0, 150.0, math.inf, 2, 2048)  # counts 15-16 vs 16
+    assert not depth.crossover_agrees(304.0, 50.0, 120.0, 2, 2048)  # above 2 x 120
+    assert not depth.crossover_agrees(20.0, 50.0, 120.0, 2, 2048)  # below 50 / 2
+    assert depth.crossover_agrees(math.inf, math.inf, math.inf, 2, 2048)  # never, never
+    assert not depth.crossover_agrees(math.inf, 50.0, 120.0, 2, 2048)  # should have crossed
+    assert depth.crossover_agrees(2.0, 1.0, 1.5, 2, 2048)  # already ahead at the first depth
 
 
 def _rows(tmp_path, fault="", methods=("gd", "pprs"), depths=(2,)):
@@ -47,6 +57,10 @@ def test_clean_study_rows_hold(clean):
     assert _find(clean, "pprs reaches eps").ok
     assert _find(clean, "gd reaches eps").ok
     assert _find(clean, "pays the depth once per iteration: iteration time").ok
+    assert _find(clean, "final iterate within eps").ok
+    assert _find(clean, "smooths within the plan's bias budget").ok
+    inside = _find(clean, "runs inside its theorem")
+    assert inside.ok and inside.kind == "consistency"
     check = _find(clean, "closed form")
     assert check.kind == "consistency" and check.ok and check.executor == "simulated"
     claim = _find(clean, "PPRS faster than GD at the largest depth")
@@ -57,13 +71,31 @@ def test_clean_study_rows_hold(clean):
     "fault,row",
     [
         ("k1", "pays the depth once per iteration: iteration time"),
+        ("gamma30", "smooths within the plan's bias budget"),
+        ("no-momentum", "final iterate within eps"),
         ("no-momentum", "pprs reaches eps"),
+        ("step4", "runs inside its theorem"),
         ("depth-per-sample", "pays the depth once per iteration: iteration time"),
     ],
 )
 def test_planted_fault_fails_its_row(tmp_path, fault, row):
     rows = _rows(tmp_path, fault, methods=("pprs",))
     assert _find(rows, row).ok is False
+
+
+def test_hard_instance_dimension_follows_x():
+    # d = k = floor(x^2/16): the chain length that makes nesterov-chain hard at eps = RL/x
+    assert [dim_for(DepthPlan(), x) for x in (16.0, 32.0, 64.0)] == [16, 64, 256]
+    assert dim_for(DepthPlan(problem="l1-chain", dim=8), 64.0) == 8
+    with pytest.raises(ValueError, match="nesterov-chain"):
+        dim_for(DepthPlan(problem="l1-chain"), 16.0)
+
+
+def test_bad_study_options_exit_2(capsys):
+    assert main(["--problem", "l1-chain", "--out", "unused"]) == 2
+    assert "--dim 0" in capsys.readouterr().out
+    assert main(["--xs", "2", "--out", "unused"]) == 2
+    assert main(["--depths", "0", "--out", "unused"]) == 2
 
 
 def test_plant_changes_only_its_setting():
@@ -74,3 +106,36 @@ def test_plant_changes_only_its_setting():
     assert plant(base, "depth-per-sample")["schedule"] == "sequential"
     with pytest.raises(ValueError, match="fault"):
         plant(base, "nonsense")
+
+
+def test_tuned_runs_and_the_spot_sweep(tmp_path):
+    """Tuning and tuned runs on a tiny grid; the MPI spot checks' sweep file (run by the study
+    with ``hpcpipe sweep``; simulated = MPI itself is the MPI suite's test)."""
+    out = tmp_path / "full"
+    plan = DepthPlan(
+        out=str(out),
+        problem="nesterov-chain",
+        xs=(10.0, 12.0),
+        methods=("gd", "pprs"),
+        depths=(2,),
+        factors=(1.0, 4.0),
+        spot_depths=(),
+        workers=1,
+    )
+    run_study(plan, log=lambda *a: None)
+    factors = json.loads((out / "tuned-factors.json").read_text())
+    assert set(factors) == {f"{o} x={x}" for o in ("gd", "pprs") for x in (10, 12)}
+    assert set(factors.values()) <= {1.0, 4.0}
+    recs = load_records(out)
+    assert {depth.setting(r) for r in recs} == {"theory", "tuned", "tune"}
+    assert {(depth.x_of(r), int(r.problem["dim"])) for r in recs} == {(10, 6), (12, 9)}
+    rows = {v.claim: v for v in depth.study(recs, tmp_path).verdicts}
+    assert any("at the largest depth 2 (tuned, x = 12)" in c for c in rows)
+    sweep = load_sweep(str(spot_sweep(dataclasses.replace(plan, spot_depths=(2, 4)))))
+    assert len(sweep.points) == 2 * 2 * 2
+    for pt in sweep.points:
+        cfg = pt.config()
+        x = {6: 10, 9: 12}[cfg.dim]
+        assert cfg.executor == "mpi" and cfg.iterations == plan.spot_iterations
+        assert cfg.epsilon == pytest.approx((1 + 2 / math.sqrt(cfg.dim)) / x, rel=1e-15)
+        assert pt.ranks == cfg.depth

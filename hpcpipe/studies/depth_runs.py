@@ -1,8 +1,22 @@
 """The depth study's runs: GD, AGD and PPRS from Δ = 2 to thousands on the simulated pipeline.
 
-For each x = RL/ε (ε = RL/x from the problem's own L and R), each method and
-each depth Δ, one run of the run loop on the simulated executor (one stage
-per layer, GPipe, m = 1, t_F = t_B = 1τ), written as a result file:
+The instance is ``nesterov-chain`` (``problems.worstcase``): the regime of the
+claim needs GD to pay (RL/ε)² iterations, and on it every method whose
+iterates stay in the span of the subgradients it has seen needs at least
+k iterations for ε < 1/(2√k), while GD at its theory step needs at most
+(RL/ε)². For each x = RL/ε the chain length is k = ⌊x²/16⌋
+(``hard_chain_length``: f(θ₀) − f* = 1/(2√k) ≥ 2/x > ε = RL/x for x > 8),
+and the dimension is d = k, the smallest that holds the chain: d ≥ k is
+needed, and PPRS's plan grows with d^(1/4) (T = ⌈8LR d^(1/4)/ε⌉), so a
+larger d would only lengthen PPRS's plan without making GD's task harder
+(coordinates beyond k are untouched by the max). With d = k = x²/16 the
+plans are T_GD = x², T_PPRS = 4x^(3/2), K ≈ (8/3)√x, and the bounds'
+GD/PPRS time ratio T_GD·Δ/(T_PPRS(K + Δ − 1)) exceeds 1 from Δ ≈ 36
+(x = 32) and 21 (x = 64); at x = 16 the two plans are equal (never).
+
+For each x, each method and each depth Δ, one run of the run loop on the
+simulated executor (one stage per layer, GPipe, m = 1, t_F = t_B = 1τ, no
+timeline), written as a result file:
 
 * ``theory``: the method at its theory settings (``mode = "theory"``);
 * ``tuned``: the same T (and γ, K) with the step η scaled by the factor of
@@ -17,8 +31,10 @@ per layer, GPipe, m = 1, t_F = t_B = 1τ), written as a result file:
 A ``fault`` plants a wrong PPRS for the planted-fault tests: ``k1`` (K = 1),
 ``gamma30`` (γ × 30), ``no-momentum``, ``step4`` (η × 4) or
 ``depth-per-sample`` (a pipeline that pays the depth once per sample: the
-sequential schedule). Runs go to two worker processes; each writes its own
-file, so an interrupted study resumes by skipping the complete ones.
+sequential schedule). Runs go to ``workers`` processes, each with one BLAS
+thread (on a shared machine several BLAS threads per process make the
+d×d QR factorisations of the chain tens of times slower); each writes its
+own file, so an interrupted study resumes by skipping the complete ones.
 
     python -m hpcpipe.studies.depth_runs --out results/depth-scale
 """
@@ -37,10 +53,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcpipe.optim.methods import theory_plan
+from hpcpipe.problems.worstcase import hard_chain_length
 
 METHODS = ("gd", "agd", "pprs")
 FAULTS = ("k1", "gamma30", "no-momentum", "step4", "depth-per-sample")
 TAG = "depth"
+NO_TIMELINE = 10**9  # timeline_every above any T: the study keeps no per-action timeline
+FLUSH_EVERY = 500  # iterations between HDF5 flushes (at 10, the flushes took 70% of a GD run)
 
 
 @dataclass
@@ -48,8 +67,8 @@ class DepthPlan:
     """The study's grid (defaults: the shipped study)."""
 
     out: str = "results/depth-scale"
-    problem: str = "max-chain"
-    dim: int = 16
+    problem: str = "nesterov-chain"
+    dim: int = 0  # 0: d = k = ⌊x²/16⌋ per x (nesterov-chain only)
     xs: tuple[float, ...] = (16.0, 32.0, 64.0)
     depths: tuple[int, ...] = (2, 4, 8, 32, 128, 512, 2048)
     methods: tuple[str, ...] = METHODS
@@ -64,28 +83,41 @@ class DepthPlan:
     extra: dict = field(default_factory=dict)  # further run settings for every point
 
 
-def _base(plan: DepthPlan) -> dict:
+def dim_for(plan: DepthPlan, x: float) -> int:
+    """d at x = RL/ε: ``plan.dim``, or for nesterov-chain with ``dim = 0`` the chain length
+    k = ⌊x²/16⌋ (``hard_chain_length(1/x)``; ε = RL/x ≥ 1/x since R = 1, L > 1)."""
+    if plan.dim > 0:
+        return plan.dim
+    if plan.problem != "nesterov-chain":
+        raise ValueError(f"dim = 0 (d from x) is for nesterov-chain, not {plan.problem!r}")
+    return hard_chain_length(1.0 / x)
+
+
+def _base(plan: DepthPlan, x: float) -> dict:
     return {
         "problem": plan.problem,
-        "dim": plan.dim,
+        "dim": dim_for(plan, x),
         "m": 1,
         "schedule": "gpipe",
         "executor": "simulated",
         "progress": "off",
         "seed": plan.seed,
         "timeline_limit": 0,
+        "timeline_every": NO_TIMELINE,
+        "flush_every": FLUSH_EVERY,
         **plan.extra,
     }
 
 
-def constants(plan: DepthPlan) -> tuple[float, float, int]:
-    """(L, R, d) of the study's problem, from a depth-1 instance (they do not depend on Δ)."""
+def constants(plan: DepthPlan, x: float) -> tuple[float, float, int]:
+    """(L, R, d) of the study's problem at x, from a depth-1 instance (they do not depend
+    on Δ)."""
     from mpi4py import MPI
 
     from hpcpipe.run.config import make_config
     from hpcpipe.run.runner import make_problem
 
-    cfg = make_config({**_base(plan), "depth": 1, "mode": "practical"})
+    cfg = make_config({**_base(plan, x), "depth": 1, "mode": "practical"})
     prob = make_problem(cfg, MPI.COMM_SELF)
     return float(prob.L), float(prob.R), int(prob.dim)
 
@@ -94,11 +126,13 @@ def practical(opt: str, eps: float, L: float, R: float, d: int) -> dict:
     """The theory plan written as practical settings (to scale its step or plant a fault)."""
     plan = theory_plan(opt, eps, L, R, d)
     m = plan.method
+    # AGD's and PPRS's momentum rule (GD has none)
+    momentum = {"momentum": str(m.momentum)} if hasattr(m, "momentum") else {}
     return {
         "optimizer": opt,
         "mode": "practical",
         "lr": m.lr,
-        "momentum": str(m.momentum),
+        **momentum,
         "gamma": m.gamma,
         "samples": m.samples,
         "iterations": plan.iterations,
@@ -128,13 +162,14 @@ def _label(setting: str, opt: str, x: float, depth: int, extra: str = "") -> str
     return f"{setting}-{opt}-x{x:g}-D{depth}" + (f"-{extra}" if extra else "")
 
 
-def theory_points(plan: DepthPlan, L: float, R: float, d: int) -> list[tuple[str, dict]]:
+def theory_points(plan: DepthPlan) -> list[tuple[str, dict]]:
     pts = []
     for x in plan.xs:
+        L, R, d = constants(plan, x)
         eps = R * L / x
         for opt in plan.methods:
             for depth in plan.depths:
-                v = {**_base(plan), "depth": depth, "tag": f"{TAG}/theory"}
+                v = {**_base(plan, x), "depth": depth, "tag": f"{TAG}/theory"}
                 if plan.fault and opt == "pprs":
                     v.update(plant({**v, **practical(opt, eps, L, R, d)}, plan.fault))
                 else:
@@ -144,15 +179,22 @@ def theory_points(plan: DepthPlan, L: float, R: float, d: int) -> list[tuple[str
 
 
 def run_point(item: tuple[str, dict, str]) -> dict:
-    """Run one point into its file (skipped when the file is complete); its summary."""
+    """Run one point into its file (skipped when the file is complete), with one BLAS
+    thread; its summary."""
+    from threadpoolctl import threadpool_limits
+
+    label, values, path = item
+    with threadpool_limits(1):
+        return _run_point(label, values, Path(path))
+
+
+def _run_point(label: str, values: dict, p: Path) -> dict:
     from mpi4py import MPI
 
     from hpcpipe.run.config import make_config
     from hpcpipe.run.results import ResultsError, load
     from hpcpipe.run.runner import run
 
-    label, values, path = item
-    p = Path(path)
     t0 = time.perf_counter()
     if p.exists():
         try:
@@ -202,15 +244,16 @@ def _cost(v: dict) -> float:
     return float(v.get("depth", 1)) * float(v.get("samples", 1) or 1)
 
 
-def tune(plan: DepthPlan, L: float, R: float, d: int, log) -> dict:
+def tune(plan: DepthPlan, log) -> dict:
     """Per (method, x): the step factor with the smallest time to ε at ``tune_depth``."""
     out = Path(plan.out)
     items = []
     for x in plan.xs:
+        L, R, d = constants(plan, x)
         eps = R * L / x
         for opt in plan.methods:
             for c in plan.factors:
-                v = {**_base(plan), **practical(opt, eps, L, R, d)}
+                v = {**_base(plan, x), **practical(opt, eps, L, R, d)}
                 v.update(depth=plan.tune_depth, lr=c * v["lr"], tag=f"{TAG}/tune")
                 label = _label("tune", opt, x, plan.tune_depth, f"c{c:g}")
                 items.append((label, v, str(out / "tune" / f"{label}.h5")))
@@ -227,27 +270,29 @@ def tune(plan: DepthPlan, L: float, R: float, d: int, log) -> dict:
     return best
 
 
-def tuned_points(plan, best, L, R, d) -> list[tuple[str, dict]]:
+def tuned_points(plan: DepthPlan, best: dict) -> list[tuple[str, dict]]:
     pts = []
     for x in plan.xs:
+        L, R, d = constants(plan, x)
         eps = R * L / x
         for opt in plan.methods:
             for depth in plan.depths:
-                v = {**_base(plan), **practical(opt, eps, L, R, d)}
+                v = {**_base(plan, x), **practical(opt, eps, L, R, d)}
                 v.update(depth=depth, lr=best[(opt, x)] * v["lr"], tag=f"{TAG}/tuned")
                 pts.append((_label("tuned", opt, x, depth), v))
     return pts
 
 
-def spot_sweep(plan: DepthPlan, L: float, R: float, d: int) -> Path:
+def spot_sweep(plan: DepthPlan) -> Path:
     """The MPI spot checks as a sweep file (executor = mpi, Δ ranks, model clock)."""
     out = Path(plan.out)
     cases = []
     for x in plan.xs:
+        L, R, d = constants(plan, x)
         eps = R * L / x
         for opt in plan.methods:
             for depth in plan.spot_depths:
-                v = {**_base(plan), **practical(opt, eps, L, R, d)}
+                v = {**_base(plan, x), **practical(opt, eps, L, R, d)}
                 v.update(depth=depth, tag=f"{TAG}/spot", executor="mpi", wait="sleep")
                 v["iterations"] = plan.spot_iterations
                 if plan.fault and opt == "pprs":
@@ -276,19 +321,16 @@ def run_study(plan: DepthPlan, log=print) -> dict:
     out = Path(plan.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps(dataclasses.asdict(plan), indent=1))
-    L, R, d = constants(plan)
     clock = {}
     t0 = time.perf_counter()
-    items = [(lb, v, str(out / "theory" / f"{lb}.h5")) for lb, v in theory_points(plan, L, R, d)]
+    items = [(lb, v, str(out / "theory" / f"{lb}.h5")) for lb, v in theory_points(plan)]
     if plan.tuned and not plan.fault:
         log(f"tuning the step at depth {plan.tune_depth} ({len(plan.factors)} factors)")
-        best = tune(plan, L, R, d, log)
+        best = tune(plan, log)
         (out / "tuned-factors.json").write_text(
             json.dumps({f"{o} x={x:g}": c for (o, x), c in best.items()}, indent=1)
         )
-        items += [
-            (lb, v, str(out / "tuned" / f"{lb}.h5")) for lb, v in tuned_points(plan, best, L, R, d)
-        ]
+        items += [(lb, v, str(out / "tuned" / f"{lb}.h5")) for lb, v in tuned_points(plan, best)]
         clock["tune"] = time.perf_counter() - t0
     log(f"{len(items)} simulated runs, {plan.workers} workers")
     t1 = time.perf_counter()
@@ -296,7 +338,7 @@ def run_study(plan: DepthPlan, log=print) -> dict:
     clock["simulated"] = time.perf_counter() - t1
     if plan.spot_depths:
         t2 = time.perf_counter()
-        mpi_sweep(spot_sweep(plan, L, R, d), max(plan.spot_depths), log)
+        mpi_sweep(spot_sweep(plan), max(plan.spot_depths), log)
         clock["mpi"] = time.perf_counter() - t2
     return save_timings(out, clock, t0, log)
 
@@ -332,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpcpipe.studies.depth_runs", description=__doc__)
     p.add_argument("--out", default=d.out)
     p.add_argument("--problem", default=d.problem)
-    p.add_argument("--dim", type=int, default=d.dim)
+    p.add_argument("--dim", type=int, default=d.dim, help="0: d = x^2/16 per x (nesterov-chain)")
     p.add_argument("--xs", type=_floats, default=d.xs, help="RL/eps values, comma separated")
     p.add_argument("--depths", type=_ints, default=d.depths)
     p.add_argument("--spot-depths", type=_ints, default=d.spot_depths)
@@ -342,8 +384,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fault", default="", choices=("",) + FAULTS)
     a = p.parse_args(argv)
     bad = [x for x in a.depths + a.spot_depths if x < 1] + [x for x in a.xs if not x > 0]
-    if bad or a.dim < 1 or a.workers < 1 or a.spot_iterations < 1:
-        print(f"depth_runs: depths, dim, workers must be >= 1 and xs > 0 (got {bad})")
+    if bad or a.dim < 0 or a.workers < 1 or a.spot_iterations < 1:
+        print(f"depth_runs: depths, workers must be >= 1, dim >= 0 and xs > 0 (got {bad})")
+        return 2
+    if a.dim == 0 and a.problem != "nesterov-chain":
+        print(
+            f"depth_runs: --dim 0 (d = x^2/16 per x) is for nesterov-chain; give --dim for "
+            f"{a.problem}"
+        )
+        return 2
+    if a.dim == 0 and min(a.xs) < 4:
+        print("depth_runs: nesterov-chain needs every x = RL/eps >= 4 (chain length x^2/16 >= 1)")
         return 2
     plan = DepthPlan(
         out=a.out,
