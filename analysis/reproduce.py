@@ -1,0 +1,155 @@
+"""Reproduce every study of the report: run its sweeps and drivers, then ``hpcpipe analyze``.
+
+    python analysis/reproduce.py                      # all studies into results/, report/
+    python analysis/reproduce.py --only depth,lower   # some of them
+    python analysis/reproduce.py --list               # the commands, without running them
+
+Each study is a list of steps (``hpcpipe sweep`` of a file under ``jobs/sweeps/``, or a
+study's own driver module) run one after the other; a step whose results are complete
+is skipped by the sweep itself, so an interrupted reproduction resumes where it stopped.
+Steps marked ``beside`` run in the background beside the following ones (the paper
+study's long sweep on one core while the short ones use the other). For each study the
+wall time, the CPU time of its processes (user + sys, ``RUSAGE_CHILDREN``) and the load
+average at its start and end are printed and written to ``<out>/timings.json``, so the
+run time a README quotes is measured, with the load it was measured at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SWEEPS = ROOT / "jobs" / "sweeps"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of a study; ``sweep`` names a file under jobs/sweeps/, else ``module``."""
+
+    sweep: str = ""
+    module: str = ""
+    beside: bool = False
+
+    def argv(self, out: Path) -> list[str]:
+        if self.sweep:
+            name = self.sweep
+            return ["hpcpipe", "sweep", str(SWEEPS / f"{name}.toml"), "--out", str(out / name)]
+        name = self.module.rsplit(".", 1)[-1].removesuffix("_runs")
+        return [sys.executable, "-m", self.module, "--out", str(out / name)]
+
+
+# The report's studies (hpcpipe.studies.report.STUDIES) and the steps that make their results.
+STUDIES: dict[str, list[Step]] = {
+    "pipeline-time": [Step(sweep="pipeline-time")],
+    "depth": [Step(module="hpcpipe.studies.depth_runs")],
+    "dimension": [Step(module="hpcpipe.studies.dimension_runs")],
+    "smooth": [Step(sweep="smooth"), Step(sweep="smooth-worstcase")],
+    "lower": [Step(sweep="lower"), Step(sweep="lower-mpi")],
+    "nonconvex": [Step(sweep="nonconvex"), Step(sweep="nonconvex-mpi")],
+    "paper": [
+        Step(sweep="paper", beside=True),
+        Step(sweep="paper-gamma"),
+        Step(sweep="paper-fewshot"),
+        Step(sweep="paper-fgsm"),
+        Step(sweep="paper-mpi"),
+    ],
+}
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def run_study(name: str, steps: list[Step], out: Path) -> dict:
+    """Run a study's steps; its wall time, CPU time and load; raises on a failed step."""
+    t0, c0, l0 = time.perf_counter(), _cpu(), _load()
+    background: list[tuple[list[str], subprocess.Popen]] = []
+    for step in steps:
+        argv = step.argv(out)
+        print(f"[{name}] {shlex.join(argv)}", flush=True)
+        if step.beside:
+            background.append((argv, subprocess.Popen(argv)))
+            continue
+        subprocess.run(argv, check=True)
+    for argv, proc in background:
+        if proc.wait() != 0:
+            raise subprocess.CalledProcessError(proc.returncode, argv)
+    return {
+        "study": name,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "cpu_s": round(_cpu() - c0, 1),
+        "load_start": round(l0, 2),
+        "load_end": round(_load(), 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="results", help="results folder (default: results)")
+    parser.add_argument("--report", default="report", help="report folder (default: report)")
+    parser.add_argument("--only", default="", help="comma-separated study names")
+    parser.add_argument("--list", action="store_true", help="print the commands and stop")
+    args = parser.parse_args(argv)
+
+    names = [n for n in args.only.split(",") if n] or list(STUDIES)
+    unknown = [n for n in names if n not in STUDIES]
+    if unknown:
+        print(
+            f"error: --only: unknown study {', '.join(unknown)}; choose from {', '.join(STUDIES)}",
+            file=sys.stderr,
+        )
+        return 2
+    out, report = Path(args.out), Path(args.report)
+    analyze = ["hpcpipe", "analyze", str(out), "-o", str(report)]
+    analyze += [a for n in names for a in ("--study", n)] if args.only else []
+    if args.list:
+        for n in names:
+            for step in STUDIES[n]:
+                print(f"{n}: {shlex.join(step.argv(out))}{'  &' if step.beside else ''}")
+        print(f"analysis: {shlex.join(analyze)}")
+        return 0
+
+    rows = []
+    for n in names:
+        rows.append(run_study(n, STUDIES[n], out))
+        r = rows[-1]
+        print(
+            f"[{n}] done: {r['wall_s']:.0f} s wall, {r['cpu_s']:.0f} s CPU, "
+            f"load {r['load_start']:.1f} -> {r['load_end']:.1f}",
+            flush=True,
+        )
+    total = {
+        "study": "all",
+        "wall_s": round(sum(r["wall_s"] for r in rows), 1),
+        "cpu_s": round(sum(r["cpu_s"] for r in rows), 1),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "timings.json").write_text(json.dumps(rows + [total], indent=1) + "\n")
+    print(f"{'study':<14} {'wall (s)':>9} {'CPU (s)':>8}  load")
+    for r in rows:
+        print(
+            f"{r['study']:<14} {r['wall_s']:>9.0f} {r['cpu_s']:>8.0f}  "
+            f"{r['load_start']:.1f} -> {r['load_end']:.1f}"
+        )
+    print(f"{'all':<14} {total['wall_s']:>9.0f} {total['cpu_s']:>8.0f}")
+    print(f"analysis: {shlex.join(analyze)}", flush=True)
+    # exit 1 when a bound is violated, as hpcpipe analyze does
+    return subprocess.run(analyze).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

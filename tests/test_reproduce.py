@@ -1,0 +1,70 @@
+"""analysis/reproduce.py covers every study of the report with commands that exist."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from hpcpipe.studies.report import STUDIES as REPORT_STUDIES
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "analysis" / "reproduce.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("reproduce", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("reproduce", mod)  # dataclasses resolve their module by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_report_study_is_reproduced():
+    assert set(_load().STUDIES) == set(REPORT_STUDIES)
+
+
+def test_every_step_names_a_sweep_file_or_a_driver_with_out():
+    mod = _load()
+    for name, steps in mod.STUDIES.items():
+        assert steps, name
+        for step in steps:
+            if step.sweep:
+                assert (mod.SWEEPS / f"{step.sweep}.toml").is_file(), (name, step.sweep)
+            else:
+                driver = importlib.import_module(step.module)
+                assert hasattr(driver, "main"), step.module
+                help_text = subprocess.run(
+                    [sys.executable, "-m", step.module, "--help"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+                assert "--out" in help_text, step.module
+
+
+def test_list_prints_every_command_and_the_analysis(tmp_path):
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "--list", "--out", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = res.stdout.splitlines()
+    n_steps = sum(len(s) for s in _load().STUDIES.values())
+    assert len(lines) == n_steps + 1
+    assert lines[-1].startswith("analysis: hpcpipe analyze ")
+    assert not list(tmp_path.iterdir())  # --list runs nothing
+
+
+def test_unknown_study_is_refused_before_any_work(tmp_path):
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "--only", "depth,nope", "--out", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 2
+    assert "--only" in res.stderr and "nope" in res.stderr
+    assert not (tmp_path / "r").exists()
