@@ -131,6 +131,9 @@ def test_tuned_runs_and_the_spot_sweep(tmp_path):
     assert {(depth.x_of(r), int(r.problem["dim"])) for r in recs} == {(10, 6), (12, 9)}
     rows = {v.claim: v for v in depth.study(recs, tmp_path).verdicts}
     assert any("at the largest depth 2 (tuned, x = 12)" in c for c in rows)
+    # two factors: every best is at an edge, so no tuned row is known to be at its best
+    tuning = _find(rows, "tuned step lies inside its tuning grid")
+    assert tuning.ok is False and tuning.kind == "design" and "0/4" in tuning.measured
     sweep = load_sweep(str(spot_sweep(dataclasses.replace(plan, spot_depths=(2, 4)))))
     assert len(sweep.points) == 2 * 2 * 2
     for pt in sweep.points:
@@ -139,3 +142,34 @@ def test_tuned_runs_and_the_spot_sweep(tmp_path):
         assert cfg.executor == "mpi" and cfg.iterations == plan.spot_iterations
         assert cfg.epsilon == pytest.approx((1 + 2 / math.sqrt(cfg.dim)) / x, rel=1e-15)
         assert pt.ranks == cfg.depth
+
+
+class _Tune:
+    """A tuning run as the depth analysis reads it: tag, optimizer, step, time to eps."""
+
+    def __init__(self, opt: str, lr: float, time: float):
+        self.config = {"tag": "depth/tune", "optimizer": opt, "lr": lr, "epsilon": 0.5}
+        self.problem = {"R": 1.0, "L": 2.0, "name": "nesterov-chain"}
+        self.executor, self.file, self._time = "simulated", f"{opt}-{lr}.h5", time
+
+    def first_reach(self, eps):
+        return (1 if math.isfinite(self._time) else math.inf), self._time
+
+
+@pytest.mark.parametrize(
+    "times, ok",
+    [
+        ((9.0, 3.0, 5.0), True),  # best in the middle
+        ((9.0, 5.0, 3.0), False),  # best at the largest step: it may lie beyond the grid
+        ((3.0, 5.0, math.inf), False),  # best at the smallest step
+        ((math.inf, math.inf, math.inf), False),  # nothing reached eps
+    ],
+)
+def test_tuning_row_fails_when_the_best_step_is_at_an_edge(times, ok):
+    recs = [_Tune("pprs", lr, t) for lr, t in zip((0.1, 0.4, 1.6), times)]
+    recs += [_Tune("gd", lr, t) for lr, t in zip((0.1, 0.4, 1.6), (9.0, 3.0, 5.0))]
+    res = depth.StudyResult(depth.NAME)
+    depth._tuning(res, recs)
+    (row,) = res.verdicts
+    assert row.ok is ok and row.kind == "design"
+    assert ("pprs x = 4" in row.measured) is (not ok)

@@ -260,6 +260,7 @@ def study(records, outdir: Path) -> StudyResult:
             _final_iterate(res, g, eps, x)
             _smoothing_budget(res, g, eps, x)
             _in_theorem(res, g, eps, x)
+    _tuning(res, recs)
     _pipelined(res, recs)
     res.tables.append(
         (
@@ -281,6 +282,49 @@ def study(records, outdir: Path) -> StudyResult:
     )
     _crossovers(res, recs, times, iters, Ks, outdir)
     return res
+
+
+def _tuning(res: StudyResult, recs) -> None:
+    """Design: each method's tuned step lies strictly inside the factor grid it was tuned on.
+
+    ``depth_runs.tune`` keeps, per (method, x), the factor whose run at the tuning depth
+    reached ε in the least pipeline time; a best factor at an edge of the grid says the
+    method's best step may lie beyond it, so its ``tuned`` rows would not be at its best.
+    """
+    tune = defaultdict(list)
+    for r in recs:
+        if setting(r) == "tune":
+            tune[(r.config["optimizer"], x_of(r))].append(r)
+    if not tune:
+        return
+    edge, inside = [], 0
+    for (opt, x), g in sorted(tune.items()):
+        eps = g[0].config["epsilon"]
+        lrs = sorted({float(r.config["lr"]) for r in g})
+        t_lr = [(r.first_reach(eps)[1], float(r.config["lr"])) for r in g]
+        reached = [(t, lr) for t, lr in t_lr if math.isfinite(t)]
+        if not reached:
+            edge.append(f"{opt} x = {x:g}: no step reached eps")
+            continue
+        best = min(reached)[1]
+        if len(lrs) >= 3 and lrs[0] < best < lrs[-1]:
+            inside += 1
+        else:
+            pos = "largest" if best == lrs[-1] else "smallest"
+            edge.append(f"{opt} x = {x:g}: best at the {pos} of {len(lrs)} steps")
+    res.verdicts.append(
+        Verdict(
+            NAME,
+            "each method's tuned step lies inside its tuning grid (tuned rows at each "
+            "method's best step)",
+            "best factor strictly between the grid's smallest and largest",
+            f"{inside}/{len(tune)} (method, x) inside" + (f"; {'; '.join(edge)}" if edge else ""),
+            not edge,
+            files_of([r for g in tune.values() for r in g]),
+            kind="design",
+            executor=_executors([r for g in tune.values() for r in g]),
+        )
+    )
 
 
 def _plan(r, eps: float):

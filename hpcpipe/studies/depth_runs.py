@@ -72,7 +72,7 @@ class DepthPlan:
     xs: tuple[float, ...] = (16.0, 32.0, 64.0)
     depths: tuple[int, ...] = (2, 4, 8, 32, 128, 512, 2048)
     methods: tuple[str, ...] = METHODS
-    factors: tuple[float, ...] = (0.25, 1.0, 4.0, 16.0)
+    factors: tuple[float, ...] = (1 / 16, 0.25, 1.0, 4.0, 16.0, 64.0, 256.0)
     tune_depth: int = 2
     tuned: bool = True
     spot_depths: tuple[int, ...] = (2, 4, 8)
