@@ -162,7 +162,7 @@ class _Tune:
         ((9.0, 3.0, 5.0), True),  # best in the middle
         ((9.0, 5.0, 3.0), False),  # best at the largest step: it may lie beyond the grid
         ((3.0, 5.0, math.inf), False),  # best at the smallest step
-        ((math.inf, math.inf, math.inf), False),  # nothing reached eps
+        ((math.inf, 3.0, math.inf), True),  # the steps around the best do not reach eps
     ],
 )
 def test_tuning_row_fails_when_the_best_step_is_at_an_edge(times, ok):
@@ -173,3 +173,28 @@ def test_tuning_row_fails_when_the_best_step_is_at_an_edge(times, ok):
     (row,) = res.verdicts
     assert row.ok is ok and row.kind == "design"
     assert ("pprs x = 4" in row.measured) is (not ok)
+
+
+def test_tuning_row_lists_a_method_that_no_step_brings_to_eps():
+    recs = [_Tune("agd", lr, math.inf) for lr in (0.1, 0.4, 1.6)]
+    recs += [_Tune("gd", lr, t) for lr, t in zip((0.1, 0.4, 1.6), (9.0, 3.0, 5.0))]
+    res = depth.StudyResult(depth.NAME)
+    depth._tuning(res, recs)
+    (row,) = res.verdicts
+    assert row.ok is True and "1/1" in row.measured
+    assert "no step of the grid reaches eps: agd x = 4" in row.measured
+
+
+@pytest.mark.parametrize("kind, code", [("design", 1), ("claim", 0), ("bound", 1)])
+def test_report_exit_status_follows_enforced_rows(kind, code, tmp_path, monkeypatch, capsys):
+    """A failed design row (runs outside the study's regime) fails `hpcpipe analyze` as a
+    violated bound does; a claim that is not reproduced does not."""
+    from hpcpipe.studies import report
+    from hpcpipe.studies.common import Verdict
+
+    res = depth.StudyResult(depth.NAME)
+    res.verdicts.append(Verdict(depth.NAME, "a row", "its rule", "its figure", False, [], kind))
+    monkeypatch.setattr(report, "analyse", lambda *a, **k: ([res], tmp_path / "report.md"))
+    assert report.main([str(tmp_path), "-o", str(tmp_path / "r")]) == code
+    out = capsys.readouterr().out
+    assert (res.verdicts[0].word in out) is (code == 1)

@@ -75,7 +75,7 @@ class Verdict:
     measured: str
     ok: bool | None  # None: reported, not a bound (e.g. a paper claim)
     files: list[str]
-    kind: str = "bound"  # "bound", "consistency" set the exit status; "claim", "design" do not
+    kind: str = "bound"  # "bound", "consistency", "design" set the exit status; "claim" does not
     executor: str = ""  # where the numbers come from: "simulated", "mpi", or both
 
     @property

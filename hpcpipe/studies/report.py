@@ -1,7 +1,9 @@
 """Run every study whose data are present and write report.md with its figures.
 
-Exit status 1 when a bound is violated (a "VIOLATED" row), 0 otherwise;
-paper-claim rows are reported as reproduced or not and do not fail.
+Exit status 1 when a row that is enforced fails — a bound ("VIOLATED"), a
+consistency check ("INCONSISTENT") or the study's own design ("DESIGN NOT MET":
+the runs are not the regime the study claims to test) —, 0 otherwise; claim rows
+are reported as reproduced or not and do not fail.
 """
 
 from __future__ import annotations
@@ -137,9 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     results, path = analyse(args.dirs, args.out, args.study)
     bad = [v for r in results for v in r.verdicts if v.kind != "claim" and v.ok is False]
     n = sum(len(r.verdicts) for r in results)
-    print(f"wrote {path}: {len(results)} studies, {n} verdict rows, {len(bad)} bounds violated")
+    print(
+        f"wrote {path}: {len(results)} studies, {n} verdict rows, {len(bad)} enforced rows failed"
+    )
     for v in bad:
-        print(f"VIOLATED [{v.study}] {v.claim}: {v.measured} (bound: {v.bound})")
+        print(f"{v.word} [{v.study}] {v.claim}: {v.measured} (bound: {v.bound})")
     if not results:
         print("no study found its data (set `tag` in the sweep files to the study name)")
         return 2
