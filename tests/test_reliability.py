@@ -298,7 +298,6 @@ def test_shipped_configs_and_sweeps_validate(tmp_path):
     sweeps = sorted((root / "jobs" / "sweeps").glob("*.toml"))
     assert {s.stem for s in sweeps} == {
         "pipeline-time",
-        "depth",
         "depth-mpi",
         "dimension",
         "smooth",

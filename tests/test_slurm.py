@@ -108,7 +108,7 @@ def test_generated_scripts_are_plain_and_portable(tmp_path):
     assert any('mpiexec -n "$SLURM_NTASKS"' in f.read_text() for f in mp if f.suffix == ".sbatch")
 
 
-@pytest.mark.parametrize("study", ["depth", "depth-mpi", "dimension"])
+@pytest.mark.parametrize("study", ["depth-mpi", "dimension"])
 def test_shipped_job_folders_are_what_the_generator_writes(study, tmp_path):
     """jobs/slurm/<study> is what `hpcpipe jobs generate` writes for jobs/sweeps/<study>.toml."""
     shipped = HERE.parent / "jobs" / "slurm" / study
