@@ -198,3 +198,17 @@ def test_report_exit_status_follows_enforced_rows(kind, code, tmp_path, monkeypa
     assert report.main([str(tmp_path), "-o", str(tmp_path / "r")]) == code
     out = capsys.readouterr().out
     assert (res.verdicts[0].word in out) is (code == 1)
+
+
+def test_report_rows_keep_their_columns_when_a_cell_holds_a_norm(tmp_path):
+    """'||grad f||' in a claim must not split the Markdown row into more cells."""
+    from hpcpipe.studies import report
+    from hpcpipe.studies.common import Verdict
+
+    res = depth.StudyResult("nonconvex")
+    res.verdicts.append(
+        Verdict("nonconvex", "time to ||grad f|| <= eps", "a | b", "1 | 2", True, ["f.h5"])
+    )
+    path = report.write_report([res], tmp_path, [str(tmp_path)])
+    rows = [ln for ln in path.read_text().splitlines() if ln.startswith("| nonconvex")]
+    assert rows and all(ln.replace("\\|", "").count("|") == 8 for ln in rows)

@@ -19,9 +19,11 @@ STUDIES = {m.NAME: m for m in (pipeline_time, depth, dimension, smooth, lower, n
 
 
 def _fmt(v) -> str:
+    """A table cell: floats to 4 digits; a '|' (a norm such as ||grad f||) escaped, so it
+    does not split the Markdown row."""
     if isinstance(v, float):
         return f"{v:.4g}"
-    return str(v)
+    return str(v).replace("|", "\\|")
 
 
 def source_refs(results: list[StudyResult]) -> tuple[list[str], dict[tuple[str, ...], str]]:
@@ -39,10 +41,8 @@ def source_refs(results: list[StudyResult]) -> tuple[list[str], dict[tuple[str, 
 def _row(v, refs: dict[tuple[str, ...], str]) -> str:
     n = len(v.files)
     src = f"{refs[tuple(v.files)]} ({n} file{'' if n == 1 else 's'})"
-    return (
-        f"| {v.study} | {v.claim} | {v.bound} | {v.measured} | **{v.word}** | "
-        f"{v.executor or '-'} | {src} |"
-    )
+    cells = [v.study, v.claim, v.bound, v.measured, f"**{v.word}**", v.executor or "-", src]
+    return "| " + " | ".join(_fmt(c) for c in cells) + " |"
 
 
 def write_report(results: list[StudyResult], outdir: Path, sources: list[str]) -> Path:
