@@ -212,3 +212,10 @@ def test_report_rows_keep_their_columns_when_a_cell_holds_a_norm(tmp_path):
     path = report.write_report([res], tmp_path, [str(tmp_path)])
     rows = [ln for ln in path.read_text().splitlines() if ln.startswith("| nonconvex")]
     assert rows and all(ln.replace("\\|", "").count("|") == 8 for ln in rows)
+
+
+def test_figure_series_styles_are_distinct_beyond_eight_series():
+    from hpcpipe.studies.common import series_style
+
+    styles = [(s["color"], s["marker"], s["markerfacecolor"]) for s in map(series_style, range(60))]
+    assert len(set(styles)) == 60

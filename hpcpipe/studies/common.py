@@ -159,8 +159,20 @@ def figure():
     return plt
 
 
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+# 10 colours and 9 markers: a (colour, marker) pair repeats only after 90 series
+COLORS = (
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#9467bd",
+    "#ff7f0e",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+)
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")
 
 
 def series_style(i: int) -> dict:
