@@ -6,10 +6,16 @@ analysis all read the same registry, so a part registered once is known
 everywhere. A name of the form ``package.module:attribute`` names a user's own
 part: the module is imported and the attribute is registered under that name
 on first use, so a result file records exactly where it came from.
+
+A name read from a file (a result being resumed or analysed, a results folder)
+is data, not a choice of code: inside ``names_from(source)`` such a name is
+refused rather than imported, unless it was registered already (the user
+named it on the command line, or imported it in their own program).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import re
@@ -24,6 +30,44 @@ _REF = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_]
 
 class RegistryError(ValueError):
     """An unknown or badly formed name; the message lists what is allowed."""
+
+
+class UntrustedName(RegistryError):
+    """A ``package.module:attribute`` read from a file, which hpcpipe does not import."""
+
+
+_sources: list[str] = []  # files whose names are being read (innermost last)
+
+
+@contextlib.contextmanager
+def names_from(source: str, trusted: bool = False) -> Iterator[None]:
+    """While active, ``get`` refuses a ``module:attr`` name not registered yet.
+
+    ``source`` names the file(s) in the message; ``trusted=True`` (the user's explicit
+    ``--trust-file``) lifts the refusal.
+    """
+    if trusted:
+        yield
+        return
+    _sources.append(source)
+    try:
+        yield
+    finally:
+        _sources.pop()
+
+
+def is_reference(name: object) -> bool:
+    """Whether ``name`` has the form ``package.module:attribute`` (a user's own part)."""
+    return isinstance(name, str) and bool(_REF.match(name))
+
+
+def untrusted_message(what: str, name: str, source: str) -> str:
+    """The refusal of a ``module:attr`` name recorded in ``source``."""
+    return (
+        f"{what} {name!r} is recorded in {source}: hpcpipe does not import code named by a "
+        f"file. If you trust that module, pass --{what} {name} again on the command line, "
+        "or add --trust-file (which imports and runs it)"
+    )
 
 
 class Registry(Generic[T]):
@@ -60,6 +104,8 @@ class Registry(Generic[T]):
         if name in self._entries:
             return self._entries[name]
         if isinstance(name, str) and _REF.match(name):
+            if _sources:
+                raise UntrustedName(untrusted_message(self.what, name, _sources[-1]))
             self._entries[name] = self._import(name)
             return self._entries[name]
         close = difflib.get_close_matches(str(name), list(self._entries), n=1)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcpipe.cli.launch import SAFE_MAIN
 from hpcpipe.cli.main import main
 from hpcpipe.run.config import ConfigError
 from hpcpipe.studies.jobs import JobOptions, generate
@@ -140,7 +141,8 @@ def test_hostile_option_is_refused_or_inert(tmp_path, option, value):
     assert not list(tmp_path.rglob("PWNED")) and not list(Path.cwd().glob("PWNED"))
     if option == "python" and value:
         raw = (tmp_path / "calls.log").read_bytes().decode()
-        assert f"\0{value}\0-m\0hpcpipe\0sweep" in raw  # srun got it as one argument
+        # srun got it as one argument, starting hpcpipe off the working folder (SAFE_MAIN)
+        assert f"\0{value}\0-c\0{SAFE_MAIN}\0sweep" in raw
     if option == "activate" and value:
         words = shlex.split((out / "array-2.sbatch").read_bytes().decode(), comments=True)
         assert words[words.index(".") + 1] == f"{value}/bin/activate"

@@ -219,10 +219,13 @@ def test_watchdog_reports_who_waits_for_what():
         assert (rank, what, peer) in {("0", "gradient", "1"), ("2", "activation", "1")}, reports
 
 
-def assert_sigterm_then_resume_bitwise(tmp_path, run_args: list, env=None) -> None:
+def assert_sigterm_then_resume_bitwise(
+    tmp_path, run_args: list, env=None, resume_args: tuple = ()
+) -> None:
     """A run stopped by SIGTERM and resumed ends bitwise where an uninterrupted one does:
     every array and scalar of the optimizer's saved state, and every loss (2 ranks,
-    300 iterations slowed by emulated layers, a flush every 7)."""
+    300 iterations slowed by emulated layers, a flush every 7). ``resume_args`` are given
+    again on resume (a user's own package.module:attribute parts)."""
     env = env or ENV
     n = 300
     common = [*run_args, "--np", "2", "--iterations", str(n), "--layer_time", "0.002"]
@@ -251,7 +254,8 @@ def assert_sigterm_then_resume_bitwise(tmp_path, run_args: list, env=None) -> No
     assert proc.returncode == 143
     r = load(part)
     assert r.status == "incomplete" and 20 <= len(r.iterations["iteration"]) < n
-    p = hpcpipe("run", "--np", "2", "--resume", part, "--progress", "off", timeout=300, env=env)
+    resume = ["run", "--np", "2", "--resume", part, "--progress", "off", *resume_args]
+    p = hpcpipe(*resume, timeout=300, env=env)
     assert p.returncode == 0, p.stderr
     a, b = load(full), load(part)
     assert b.status == "complete" and int(b.attrs["resumed"]) == 1

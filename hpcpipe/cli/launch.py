@@ -49,6 +49,20 @@ def mpiexec_command(n: int, args: list[str], mpiexec: str | None = None) -> list
     return cmd + [sys.executable] + args
 
 
+# ``python -c SAFE_MAIN ARGS`` runs ``hpcpipe ARGS`` without the working folder on the import
+# path (``python -m`` puts it first, so an ``h5py.py`` there would run in every rank). Python
+# >= 3.11 has ``-P`` for this; the generated batch scripts use SAFE_MAIN, which any Python runs.
+SAFE_MAIN = (
+    "import sys; sys.path[:1] = [p for p in sys.path[:1] if p]; "
+    "from hpcpipe.cli import main; sys.exit(main())"
+)
+
+
+def hpcpipe_args() -> list[str]:
+    """Interpreter arguments that start ``hpcpipe`` with the working folder off the import path."""
+    return ["-P", "-m", "hpcpipe"] if sys.version_info >= (3, 11) else ["-c", SAFE_MAIN]
+
+
 LAUNCHER_PID = "HPCPIPE_LAUNCHER_PID"
 
 

@@ -112,12 +112,13 @@ def _relaunch(np_: int, argv: list[str]) -> int:
         LAUNCHER_PID,
         LauncherError,
         die_with_parent,
+        hpcpipe_args,
         launcher_identity,
         mpiexec_command,
     )
 
     try:
-        cmd = mpiexec_command(np_, ["-m", "hpcpipe", *argv])
+        cmd = mpiexec_command(np_, [*hpcpipe_args(), *argv])
     except LauncherError as e:
         print(f"hpcpipe: {e}", file=sys.stderr)
         return 2
@@ -222,14 +223,16 @@ def _resume_config(path: str, items: list[str], args=None):
             "with it (start a new run instead)"
         )
     values = dict(r.config)
-    recorded = make_config({**values, "output": ""})
-    given_keys = {}
+    given_keys, given_values = {}, {}
     for item in items:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: write --key value")
         k, v = item.split("=", 1)
         given_keys[k.strip().replace("-", "_")] = k.strip()
-        values[k.strip().replace("-", "_")] = v
+        given_values[k.strip().replace("-", "_")] = v
+    refuse_recorded_code(values, given_values, path, trusted=bool(getattr(args, "trust_file", 0)))
+    recorded = make_config({**values, "output": ""})
+    values.update(given_values)
     out = values.pop("output", "") if "output" in given_keys else ""
     if "output" in given_keys and Path(out or ".").resolve() != Path(path).resolve():
         raise ConfigError(
@@ -252,6 +255,19 @@ def _resume_config(path: str, items: list[str], args=None):
         changed[key] = new
     ranks = r.attrs.get("n_ranks")
     return dataclasses.replace(cfg, output=path), changed, ranks
+
+
+def refuse_recorded_code(values: dict, given: dict, path: str, trusted: bool) -> None:
+    """A ``module:attr`` name recorded in a file is imported only when the user names it
+    again on the command line (``given``) or passes ``--trust-file``; nothing is imported
+    before this check."""
+    from hpcpipe.registry import is_reference, untrusted_message
+    from hpcpipe.run.config import REGISTRIES
+
+    for key, registry in REGISTRIES.items():
+        name = values.get(key)
+        if is_reference(name) and not trusted and given.get(key) != name:
+            raise ConfigError(untrusted_message(registry.what, name, path))
 
 
 def _rank_error(path: str, recorded, size: int) -> str | None:
@@ -707,6 +723,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--np", type=_ranks_option, default=0, help="launch itself under mpiexec -n NP")
     s.add_argument("--every", type=int, default=0, help="print every N-th iteration row")
     s.add_argument("--resume", metavar="FILE", help="continue an incomplete result file")
+    s.add_argument(
+        "--trust-file",
+        action="store_true",
+        help="with --resume: import the package.module:attribute names the file records "
+        "(runs their code; by default only names given again on the command line are imported)",
+    )
     s.add_argument(
         "--no-output",
         action="store_true",

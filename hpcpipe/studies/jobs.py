@@ -24,6 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcpipe.cli.launch import SAFE_MAIN
 from hpcpipe.run.config import ConfigError
 from hpcpipe.studies.sweep import Sweep, load_sweep, write_grid
 
@@ -106,6 +107,9 @@ def _prologue(opts: JobOptions) -> list[str]:
         lines.append(f". {shlex.quote(opts.activate)}/bin/activate")
     lines += [
         "export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1",
+        "# hpcpipe, with the working folder off Python's import path (python -m would put it",
+        "# first, and a module file there, such as h5py.py, would run in every rank)",
+        f"hpcpipe=({shlex.quote(opts.python)} -c {shlex.quote(SAFE_MAIN)})",
         'echo "job ${SLURM_JOB_ID:-?} task ${SLURM_ARRAY_TASK_ID:-?} on '
         '${SLURM_JOB_NODELIST:-?}: ${SLURM_NTASKS:-?} tasks"',
     ]
@@ -113,8 +117,7 @@ def _prologue(opts: JobOptions) -> list[str]:
 
 
 def array_script(sweep: Sweep, ranks: int, indices: list[int], opts: JobOptions) -> str:
-    py = shlex.quote(opts.python)
-    run = f'{py} -m hpcpipe sweep sweep.toml --out results --point "$SLURM_ARRAY_TASK_ID" --inside'
+    run = '"${hpcpipe[@]}" sweep sweep.toml --out results --point "$SLURM_ARRAY_TASK_ID" --inside'
     if opts.launcher == "srun":
         launch = f"srun --mpi={opts.mpi} {run}"
     else:
@@ -143,7 +146,6 @@ def array_script(sweep: Sweep, ranks: int, indices: list[int], opts: JobOptions)
 
 
 def analysis_script(sweep: Sweep, opts: JobOptions) -> str:
-    py = shlex.quote(opts.python)
     lines = _header(
         f"hpcpipe-{sweep.name}-analysis", opts, ["--ntasks=1", "--output=logs/%x-%j.out"]
     )
@@ -152,7 +154,7 @@ def analysis_script(sweep: Sweep, opts: JobOptions) -> str:
         "# array task succeeded (submit.sh sets --dependency=afterok).",
     ]
     lines += _prologue(opts)
-    lines += [f"{py} -m hpcpipe analyze results -o report", ""]
+    lines += ['"${hpcpipe[@]}" analyze results -o report', ""]
     return "\n".join(lines)
 
 

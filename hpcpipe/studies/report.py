@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hpcpipe.registry import names_from
 from hpcpipe.studies import depth, dimension, lower, nonconvex, paper, pipeline_time, smooth
 from hpcpipe.studies.common import StudyResult, load_records
 
@@ -97,8 +98,22 @@ def write_report(results: list[StudyResult], outdir: Path, sources: list[str]) -
 
 
 def analyse(
-    dirs: list[str], outdir: str | Path, only: list[str] | None = None, warn=None
+    dirs: list[str],
+    outdir: str | Path,
+    only: list[str] | None = None,
+    warn=None,
+    trust_files: bool = False,
 ) -> tuple[list[StudyResult], Path]:
+    """Every study's rows from the result files under ``dirs``, written to ``outdir``.
+
+    A ``package.module:attribute`` name that a file records is not imported (it would run
+    code that the person analysing did not choose) unless ``trust_files``.
+    """
+    with names_from(f"the results under {', '.join(dirs)}", trusted=trust_files):
+        return _analyse(dirs, outdir, only, warn)
+
+
+def _analyse(dirs, outdir, only, warn) -> tuple[list[StudyResult], Path]:
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     records = []
@@ -126,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--study", action="append", choices=sorted(STUDIES), help="only these studies (repeatable)"
     )
+    p.add_argument(
+        "--trust-file",
+        action="store_true",
+        help="import the package.module:attribute names the result files record (runs their "
+        "code; by default such names are not imported, and rows that need them are left out)",
+    )
     args = p.parse_args(argv)
     for d in args.dirs:
         if not Path(d).is_dir():
@@ -136,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and not out.is_dir() or not out.exists() and out.parent.is_file():
         print(f"hpcpipe analyze: -o {args.out!r} must be a folder", file=sys.stderr)
         return 2
-    results, path = analyse(args.dirs, args.out, args.study)
+    results, path = analyse(args.dirs, args.out, args.study, trust_files=args.trust_file)
     bad = [v for r in results for v in r.verdicts if v.kind != "claim" and v.ok is False]
     n = sum(len(r.verdicts) for r in results)
     print(
