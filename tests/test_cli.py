@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -25,8 +26,30 @@ def hpcpipe(*args, timeout=300, cwd=None):
     )
 
 
-def test_demo_prints_its_table():
-    p = hpcpipe("demo")
+def test_demo_shows_the_crossover_measured_and_predicted(tmp_path):
+    """`hpcpipe demo`: time to eps per method and depth, PPRS faster than GD at the deep end,
+    the measured crossover within a factor 2 of the one the iteration counts predict, the
+    MPI cell equal to its simulated twin, and a picture."""
+    p = hpcpipe("demo", "--figure", str(tmp_path / "d.png"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["method"])
+    depths = [int(w.rstrip("*")) for w in lines[head].split()[1:]]
+    assert depths == sorted(depths) and depths[0] <= 4 and depths[-1] >= 1024
+    rows = {r.split()[0]: r.split()[1:] for r in lines[head + 2 : head + 6]}
+    assert list(rows) == ["GD", "AGD", "PPRS", "GD/PPRS"]
+    gd, pprs = (list(map(float, rows[k])) for k in ("GD", "PPRS"))
+    assert pprs[-1] < gd[-1] / 1.5 and pprs[0] > gd[0]  # slower when shallow, faster deep
+    assert "(MPI = simulated at depth 4: yes)" in p.stdout
+    m = re.search(r"measured ([0-9.]+); predicted ([0-9.]+) from the iteration counts", p.stdout)
+    measured, predicted = float(m.group(1)), float(m.group(2))
+    assert predicted / 2 <= measured <= 2 * predicted
+    assert "PPRS reaches eps first" in p.stdout
+    assert (tmp_path / "d.png").stat().st_size > 10_000
+
+
+def test_demo_attack_prints_its_table():
+    p = hpcpipe("demo", "attack")
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
     head = next(i for i, line in enumerate(lines) if line.strip().startswith("method"))

@@ -376,9 +376,13 @@ def cmd_demo(args, extra: list[str], argv: list[str]) -> int:
         return _relaunch(args.np, _strip_np(argv))
 
     def body(comm):
-        from hpcpipe.run.demo import demo
+        if args.which == "attack":
+            from hpcpipe.demos.attack import demo
 
-        return demo(comm, budget=args.budget)
+            return demo(comm, budget=args.budget)
+        from hpcpipe.demos.crossover import demo
+
+        return demo(comm, figure_path=None if args.no_figure else args.figure)
 
     return _under_mpi(body)
 
@@ -781,9 +785,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings(s)
     s.set_defaults(func=cmd_validate, takes_extra=True)
 
-    s = sub.add_parser("demo", help="GD vs AGD vs PPRS on the digits attack, 4 local ranks")
+    s = sub.add_parser(
+        "demo",
+        help="PPRS overtakes pipelined GD as the pipeline deepens (4 local ranks + simulated)",
+    )
+    s.add_argument(
+        "which",
+        nargs="?",
+        default="crossover",
+        choices=("crossover", "attack"),
+        help="crossover (default): time to eps against depth, the crossover depth measured "
+        "and predicted; attack: GD vs AGD vs PPRS on the digits attack, same pipeline budget",
+    )
     s.add_argument("--np", type=_ranks_option, default=4, help="number of ranks (default 4)")
-    s.add_argument("--budget", type=float, default=0.0, help="pipeline time budget in tau")
+    s.add_argument(
+        "--figure",
+        default="hpcpipe-demo.png",
+        help="crossover: the picture (a new name if it exists; default hpcpipe-demo.png)",
+    )
+    s.add_argument("--no-figure", action="store_true", help="crossover: draw no picture")
+    s.add_argument("--budget", type=float, default=0.0, help="attack: pipeline time budget in tau")
     s.set_defaults(func=cmd_demo, takes_extra=True)
 
     s = sub.add_parser(

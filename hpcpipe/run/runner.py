@@ -162,6 +162,11 @@ class Run:
         self.writer = None
         self.extra: dict = {}
         self.red = np.zeros(3)
+        if cfg.stop_at_epsilon and prob.f_star is None:
+            raise ConfigError(
+                f"stop_at_epsilon = 1: problem {cfg.problem!r} does not know f*, so f - f* "
+                "cannot be measured; use stop_at_epsilon = 0 (or time_budget)"
+            )
         self.f_star = prob.f_star if prob.f_star is not None else math.nan
         self.inject = _injection(cfg.inject_failure)
         self.stop = stack.enter_context(StopFlag())
@@ -278,12 +283,20 @@ class Run:
         """Stop rule: the pipeline time has reached ``time_budget`` (0: no budget)."""
         return bool(self.cfg.time_budget) and self.tally.mtime >= self.cfg.time_budget
 
+    def reached_epsilon(self) -> bool:
+        """Stop rule: ``stop_at_epsilon`` and the last evaluated f − f* is at most ε (f is the
+        same on every rank, so every rank stops at the same iteration)."""
+        return bool(self.cfg.stop_at_epsilon) and self.rows[-1].gap <= self.cfg.epsilon
+
     def loop(self) -> str:
         """Iterations from the next one to T, until a stop rule or a signal; the status."""
         status = "complete"
         for it in range(self.tally.next, self.T + 1):
             status = self.iteration(it)
             if status != "complete" or self.over_budget():
+                break
+            if self.reached_epsilon():
+                self.extra["reached_epsilon_at"] = it
                 break
         return status
 
