@@ -13,7 +13,16 @@ import sys
 from pathlib import Path
 
 from hpcpipe.registry import names_from
-from hpcpipe.studies import depth, dimension, lower, nonconvex, paper, pipeline_time, smooth
+from hpcpipe.studies import (
+    depth,
+    dimension,
+    lower,
+    nonconvex,
+    paper,
+    pipeline_time,
+    points,
+    smooth,
+)
 from hpcpipe.studies.common import StudyResult, load_records
 
 STUDIES = {m.NAME: m for m in (pipeline_time, depth, dimension, smooth, lower, nonconvex, paper)}
@@ -54,10 +63,15 @@ def write_report(results: list[StudyResult], outdir: Path, sources: list[str]) -
         f"Results read from: {', '.join(sources)}. The `sources` column refers to the "
         "file lists under Sources at the end.",
         "",
-        "| study | claim | bound | measured | verdict | executor | sources |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     checks = [v for res in results for v in res.verdicts if v.kind == "consistency"]
+    if any(v.kind != "consistency" for res in results for v in res.verdicts):
+        lines += [
+            "| study | claim | bound | measured | verdict | executor | sources |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+    else:
+        lines.append("No verdict rows: no built-in study's runs (tags) in these folders.")
     for res in results:
         for v in res.verdicts:
             if v.kind != "consistency":
@@ -116,9 +130,8 @@ def analyse(
 def _analyse(dirs, outdir, only, warn) -> tuple[list[StudyResult], Path]:
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    records = []
-    for d in dirs:
-        records += load_records(d, warn=warn)
+    per_dir = [(d, load_records(d, warn=warn)) for d in dirs]
+    records = [r for _, recs in per_dir for r in recs]
     results = []
     for name, mod in STUDIES.items():
         if only and name not in only:
@@ -131,6 +144,11 @@ def _analyse(dirs, outdir, only, warn) -> tuple[list[StudyResult], Path]:
                 v.executor = " + ".join(sorted({where[f] for f in v.files if f in where}))
         if res.verdicts or res.tables:
             results.append(res)
+    if not only or points.NAME in only:  # the rest: points of the user's own sweeps
+        for d, recs in per_dir:
+            own = [r for r in recs if str(r.config.get("tag", "")).split("/")[0] not in STUDIES]
+            if own:
+                results.append(points.study(own, outdir, d))
     return results, write_report(results, outdir, dirs)
 
 
@@ -139,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("dirs", nargs="+", help="directories of result files (searched recursively)")
     p.add_argument("-o", "--out", default="report", help="report directory")
     p.add_argument(
-        "--study", action="append", choices=sorted(STUDIES), help="only these studies (repeatable)"
+        "--study",
+        action="append",
+        choices=[*sorted(STUDIES), points.NAME],
+        help="only these studies (repeatable); points: the table of a sweep's own points",
     )
     p.add_argument(
         "--trust-file",
@@ -166,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     for v in bad:
         print(f"{v.word} [{v.study}] {v.claim}: {v.measured} (bound: {v.bound})")
     if not results:
-        print("no study found its data (set `tag` in the sweep files to the study name)")
+        print(f"no result files under {', '.join(args.dirs)}")
         return 2
     return 1 if bad else 0
 
