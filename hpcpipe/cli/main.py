@@ -321,7 +321,7 @@ def cmd_run(args, extra: list[str], argv: list[str]) -> int:
     def body(comm):
         import dataclasses
 
-        from hpcpipe.run.results import ResultsError
+        from hpcpipe.errors import ResultsError
         from hpcpipe.run.runner import run
         from hpcpipe.run.table import print_run
 

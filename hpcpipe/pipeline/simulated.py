@@ -31,7 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import lapack
 
 from hpcpipe.model import rng
 from hpcpipe.model.layers import Orthogonal, backward_layers, forward_layers
@@ -173,6 +172,8 @@ def _times_block(q: np.ndarray | None, seed: int, b: int, d: int) -> np.ndarray:
     multiplying: the same matrix up to rounding, fewer flops (measured in
     the README's depth paragraph). ``q`` is not modified.
     """
+    from scipy.linalg import lapack  # the simulated pipeline only: MPI ranks never import it
+
     a = rng.init_generator(seed, b).standard_normal((d, d))
     qr, tau, _, info = lapack.dgeqrf(a, overwrite_a=True)
     if info != 0:

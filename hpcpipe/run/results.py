@@ -36,6 +36,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from hpcpipe.errors import ResultsError
 from hpcpipe.run import superblock
 
 SCHEMA_VERSION = 2
@@ -43,10 +44,6 @@ STATUSES = ("complete", "incomplete", "diverged", "failed")
 TIMELINE_INT = ("iteration", "rank", "stage", "kind", "item")
 TIMELINE_FLOAT = ("wait", "start", "end")
 STAGE_FIELDS = ("busy", "wait", "idle", "actions")
-
-
-class ResultsError(ValueError):
-    """A file that is not a readable hpcpipe result."""
 
 
 def versions() -> dict:
