@@ -380,8 +380,9 @@ class Result:
         The timeline frame adds ``action`` ("F3", "B3"), ``compute`` = end − start
         and ``receive_wait`` = start − wait, in the clock's units.
         """
-        import pandas as pd
+        from hpcpipe.optional import need
 
+        pd = need("pandas", "data", "Result.frame()")
         df = pd.DataFrame(self.columns(what))
         if what == "timeline":
             kinds = np.array(["F", "B"])

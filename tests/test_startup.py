@@ -1,0 +1,98 @@
+"""Start-up: what ``import hpcpipe``, the launcher and a rank import.
+
+Every rank of a job pays its imports: scipy.stats alone costs about 0.4 s of
+start-up per process, and a thousand ranks importing it from a shared file
+system stall a job's start. These tests pin which packages each entry path
+imports (sys.modules and ``python -X importtime``, in fresh processes), never
+how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from hpcpipe.cli.launch import mpiexec_command
+
+HEAVY = ("scipy", "sklearn", "matplotlib", "pandas", "pyarrow")
+
+
+def _loaded_after(code: str) -> set[str]:
+    """Top-level packages in sys.modules after running ``code`` in a fresh interpreter."""
+    report = "import json, sys\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    probe = f"{code}\n{report}"
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return set(json.loads(p.stdout.splitlines()[-1]))
+
+
+def _imported(importtime_stderr: str) -> set[str]:
+    """Top-level packages named in ``python -X importtime`` output."""
+    out = set()
+    for line in importtime_stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            name = line.rsplit("|", 1)[1].strip()
+            out.add(name.split(".")[0])
+    return out
+
+
+def test_import_hpcpipe_pulls_in_no_heavy_package():
+    loaded = _loaded_after("import hpcpipe")
+    assert not loaded & {*HEAVY, "numpy", "mpi4py", "h5py"}, sorted(loaded)
+
+
+def test_public_names_still_resolve_on_first_use():
+    loaded = _loaded_after(
+        "import hpcpipe\n"
+        "from hpcpipe import RegistryError, register_optimizer, register_problem, "
+        "register_schedule\n"
+        "assert callable(register_problem) and callable(register_optimizer)\n"
+        "assert callable(register_schedule) and issubclass(RegistryError, ValueError)\n"
+        "assert {'register_problem', 'register_schedule'} <= set(dir(hpcpipe))\n"
+        "try:\n    hpcpipe.no_such_name\nexcept AttributeError:\n    pass\n"
+        "else:\n    raise SystemExit('no AttributeError')"
+    )
+    assert "numpy" in loaded  # the registries themselves were imported on use
+    assert not loaded & set(HEAVY), sorted(loaded)
+
+
+def test_registries_and_settings_import_no_scipy_and_no_mpi():
+    """The launching process reads every registry (names, choices, checks) and parses the
+    command line; it must not import scipy, nor initialise MPI by importing mpi4py."""
+    loaded = _loaded_after(
+        "from hpcpipe.cli.main import build_parser\n"
+        "from hpcpipe.problems import PROBLEMS\n"
+        "assert {'l1-chain', 'nesterov-chain', 'pinball-chain', 'attack'} <= set(PROBLEMS)\n"
+        "build_parser()"
+    )
+    assert not loaded & {*HEAVY, "mpi4py", "h5py"}, sorted(loaded)
+
+
+def _rank_imports(tmp_path, *settings: str, np_: int = 2) -> set[str]:
+    """Top-level packages imported by any rank of ``hpcpipe run`` (``python -X importtime``
+    on every rank: the lines of all ranks together)."""
+    env = dict(os.environ, HPCPIPE_INSIDE_MPI="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    args = ["-X", "importtime", "-m", "hpcpipe", "run", *settings, "--iterations", "1"]
+    cmd = mpiexec_command(np_, [*args, "--no-output"])
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "status complete" in p.stdout, p.stdout
+    assert p.stderr.count("import time: self [us]") == np_, p.stderr[-2000:]  # every rank logged
+    return _imported(p.stderr)
+
+
+def test_a_rank_of_a_run_that_needs_no_scipy_never_imports_it(tmp_path):
+    """The default problem (l1-chain: the variable is the input, no weight gradient) on two
+    ranks of the MPI engine, without an output file: no rank imports scipy or h5py."""
+    mods = _rank_imports(tmp_path, "--depth", "2")
+    assert {"hpcpipe", "mpi4py", "numpy"} <= mods, sorted(mods)
+    assert not mods & {*HEAVY, "h5py"}, sorted(mods & {*HEAVY, "h5py"})
+
+
+def test_the_rank_import_check_sees_scipy_where_a_run_needs_it(tmp_path):
+    """The same check fails when scipy is needed: the simulated pipeline's orthogonal chain
+    uses LAPACK's QR from scipy, imported on that path only."""
+    mods = _rank_imports(tmp_path, "--depth", "2", "--executor", "simulated", np_=1)
+    assert "scipy" in mods
