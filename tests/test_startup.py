@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from hpcpipe.cli.launch import mpiexec_command
 
 HEAVY = ("scipy", "sklearn", "matplotlib", "pandas", "pyarrow")
@@ -96,3 +98,50 @@ def test_the_rank_import_check_sees_scipy_where_a_run_needs_it(tmp_path):
     uses LAPACK's QR from scipy, imported on that path only."""
     mods = _rank_imports(tmp_path, "--depth", "2", "--executor", "simulated", np_=1)
     assert "scipy" in mods
+
+
+def test_problem_names_are_listed_without_importing_their_modules():
+    """Every built-in problem is a name at once; its module is imported at its first lookup."""
+    loaded = _loaded_after(
+        "import sys\n"
+        "from hpcpipe.problems import BUILTIN, PROBLEMS\n"
+        "assert PROBLEMS.names() == list(BUILTIN), PROBLEMS.names()\n"
+        "assert 'fewshot' in PROBLEMS and PROBLEMS.check('l1-chain') is None\n"
+        "assert 'hpcpipe.problems.digits' not in sys.modules\n"
+        "assert 'hpcpipe.problems.worstcase' not in sys.modules\n"
+        "import hpcpipe.problems.chains as chains\n"
+        "assert PROBLEMS.get('l1-chain') is chains.ENTRIES['l1-chain']\n"
+        "assert PROBLEMS.get('l1-chain') is PROBLEMS.get('l1-chain')\n"
+        "assert 'hpcpipe.problems.digits' not in sys.modules"
+    )
+    assert not loaded & set(HEAVY), sorted(loaded)
+
+
+def test_the_builtin_problem_table_is_the_modules_entries_in_order():
+    """BUILTIN (name -> module) is what the modules define, so no problem is lost or
+    misplaced by registering names before importing their modules."""
+    import importlib
+
+    from hpcpipe.problems import BUILTIN, PROBLEMS
+
+    defined = {}
+    for module in dict.fromkeys(BUILTIN.values()):
+        for name, entry in importlib.import_module(f"hpcpipe.problems.{module}").ENTRIES.items():
+            defined[name] = (module, entry)
+    assert list(BUILTIN) == list(defined)
+    for name, (module, entry) in defined.items():
+        assert BUILTIN[name] == module
+        assert PROBLEMS.get(name) is entry
+
+
+def test_a_lazy_registry_entry_is_made_once_and_only_when_looked_up():
+    from hpcpipe.registry import Registry, RegistryError
+
+    made = []
+    reg: Registry[str] = Registry("thing")
+    reg.register("eager", "e")
+    reg.register_lazy("lazy", lambda: made.append(1) or "l")
+    assert reg.names() == ["eager", "lazy"] and "lazy" in reg and made == []
+    assert reg.get("lazy") == "l" and reg.get("lazy") == "l" and made == [1]
+    with pytest.raises(RegistryError, match="already registered"):
+        reg.register_lazy("lazy", lambda: "again")
