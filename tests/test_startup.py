@@ -145,3 +145,30 @@ def test_a_lazy_registry_entry_is_made_once_and_only_when_looked_up():
     assert reg.get("lazy") == "l" and reg.get("lazy") == "l" and made == [1]
     with pytest.raises(RegistryError, match="already registered"):
         reg.register_lazy("lazy", lambda: "again")
+
+
+def test_weight_gradients_import_blas_at_set_up_and_accumulate_exactly():
+    """scipy's dgemm is imported by the first weight gradient, or at the set-up of an executor
+    whose variable is the weights (not inside its first timed call); gw += xᵀdy either way."""
+    loaded = _loaded_after(
+        "import sys\n"
+        "import numpy as np\n"
+        "from hpcpipe.model.layers import accumulate_outer\n"
+        "from hpcpipe.model.stages import ModelSpec, random_batch\n"
+        "from hpcpipe.pipeline.simulated import SimulatedPipeline\n"
+        "assert 'scipy' not in sys.modules\n"
+        "spec = ModelSpec('mlp', depth=2, d_in=3, d_out=2, width=4, head='squared', seed=1)\n"
+        "batch = random_batch(spec, 2)\n"
+        "SimulatedPipeline(spec, batch, 'input')\n"
+        "assert 'scipy' not in sys.modules\n"
+        "SimulatedPipeline(spec, batch, 'weights')\n"
+        "assert 'scipy.linalg.blas' in sys.modules\n"
+        "rng = np.random.default_rng(0)\n"
+        "x, dy = rng.standard_normal((4, 5)), rng.standard_normal((4, 3))\n"
+        "for dtype in (np.float64, np.float32):\n"
+        "    gw = rng.standard_normal((5, 3)).astype(dtype)\n"
+        "    want = gw + (x.T @ dy).astype(dtype)\n"
+        "    accumulate_outer(gw, x.astype(dtype), dy.astype(dtype))\n"
+        "    np.testing.assert_allclose(gw, want, rtol=1e-6 if dtype == np.float32 else 1e-13)"
+    )
+    assert "scipy" in loaded

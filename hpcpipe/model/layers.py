@@ -21,12 +21,14 @@ _UNSET = object()
 _dgemm: Any = _UNSET  # scipy's BLAS dgemm, imported on the first weight gradient
 
 
-def _blas_dgemm() -> Any:
+def load_blas() -> Any:
     """scipy.linalg.blas.dgemm, or None without scipy; imported on first use.
 
     Importing scipy.linalg costs about 0.25 s of start-up per process, which a
     rank pays only when it accumulates a weight gradient (the variable is the
-    weights); a rank whose variable is the input never imports it.
+    weights); a rank whose variable is the input never imports it. An executor
+    whose variable is the weights calls this at set-up, so that the import is
+    not timed inside its first call.
     """
     global _dgemm
     if _dgemm is _UNSET:
@@ -50,7 +52,7 @@ def accumulate_outer(gw: Array, x: Array, dy: Array) -> None:
         and gw.flags.c_contiguous
         and x.dtype == np.float64
         and dy.dtype == np.float64
-        and (dgemm := _blas_dgemm()) is not None
+        and (dgemm := load_blas()) is not None
     ):
         xc, dyc = np.ascontiguousarray(x), np.ascontiguousarray(dy)
         dgemm(1.0, dyc.T, xc.T, beta=1.0, c=gw.T, trans_b=1, overwrite_c=1)

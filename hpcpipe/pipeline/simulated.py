@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcpipe.model import rng
-from hpcpipe.model.layers import Orthogonal, backward_layers, forward_layers
+from hpcpipe.model.layers import Orthogonal, backward_layers, forward_layers, load_blas
 from hpcpipe.model.stages import (
     VARIABLES,
     Batch,
@@ -304,6 +304,8 @@ class SimulatedPipeline:
         else:
             self._q = chain_matrix(self.model.layers) if self.fused else None
         self.local_size = batch.m * spec.d_in if variable == "input" else self.model.size
+        if variable == "weights":
+            load_blas()  # BLAS for the weight gradients, imported now rather than in call 1
         self.head = spec.make_head() if direct else self.model.head
 
     # ------------------------------------------------------------------
