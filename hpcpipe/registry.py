@@ -70,12 +70,24 @@ def untrusted_message(what: str, name: str, source: str) -> str:
     )
 
 
+class _Deferred:
+    """An entry registered by ``register_lazy``: ``load()`` makes it on first ``get``."""
+
+    __slots__ = ("load",)
+
+    def __init__(self, load: Callable[[], object]):
+        self.load = load
+
+
 class Registry(Generic[T]):
     """Names → entries of one kind (``what``: "schedule", "problem", ...).
 
     ``register(name, entry)`` adds an entry (a decorator when ``entry`` is
-    omitted); ``get(name)`` returns it, importing ``module:attr`` names on
-    demand; ``names()`` lists the built-in and registered names in order.
+    omitted); ``register_lazy(name, load)`` adds one that ``load()`` makes on
+    first use, so that a name can be listed, offered and checked without
+    importing the module that defines it; ``get(name)`` returns an entry,
+    importing ``module:attr`` names on demand; ``names()`` lists the built-in
+    and registered names in order.
     """
 
     def __init__(self, what: str, load: Callable[[object, str], T] | None = None):
@@ -100,9 +112,20 @@ class Registry(Generic[T]):
 
         return add if entry is None else add(entry)
 
+    def register_lazy(self, name: str, load: Callable[[], T]) -> None:
+        """Register ``name`` now and its entry ``load()`` at its first ``get``.
+
+        The name is in ``names()``, ``in`` and the choices at once; only
+        ``get`` (a run, a settings check) pays for importing the entry's module.
+        """
+        self.register(name, _Deferred(load))  # type: ignore[arg-type]
+
     def get(self, name: str) -> T:
         if name in self._entries:
-            return self._entries[name]
+            entry = self._entries[name]
+            if isinstance(entry, _Deferred):
+                entry = self._entries[name] = entry.load()  # type: ignore[assignment]
+            return entry
         if isinstance(name, str) and _REF.match(name):
             if _sources:
                 raise UntrustedName(untrusted_message(self.what, name, _sources[-1]))

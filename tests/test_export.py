@@ -80,7 +80,7 @@ def test_parquet_without_pyarrow_and_overwrites_are_refused(result, tmp_path, mo
         "find_spec",
         lambda name, *a: None if name == "pyarrow" else real(name, *a),
     )
-    with pytest.raises(ExportError, match="pip install pyarrow"):
+    with pytest.raises(ExportError, match=r'pyarrow: pip install "hpcpipe\[data\]"'):
         export(result, "parquet", tmp_path / "out")
     assert not list(tmp_path.iterdir())  # nothing written
     (tmp_path / "out-stages.csv").write_text("mine")

@@ -157,6 +157,14 @@ def _under_mpi(func) -> int:
     except BaseException as e:  # noqa: BLE001 - any failure must bring the job down
         if isinstance(e, SystemExit) and not e.code:
             raise
+        from hpcpipe.optional import MissingExtra
+
+        if isinstance(e, MissingExtra):  # one line naming the extra, then the job stops
+            sys.stderr.write(f"hpcpipe: {e}\n")
+            sys.stderr.flush()
+            if comm.size > 1:
+                comm.Abort(2)
+            return 2
         tb = traceback.format_exc()
         sys.stderr.write(f"hpcpipe: rank {comm.rank} of {comm.size} failed: {e!r}\n{tb}")
         sys.stderr.flush()
@@ -337,7 +345,7 @@ def cmd_run(args, extra: list[str], argv: list[str]) -> int:
     def body(comm):
         import dataclasses
 
-        from hpcpipe.run.results import ResultsError
+        from hpcpipe.errors import ResultsError
         from hpcpipe.run.runner import run
         from hpcpipe.run.table import print_run
 
@@ -372,6 +380,10 @@ def cmd_run(args, extra: list[str], argv: list[str]) -> int:
 def cmd_demo(args, extra: list[str], argv: list[str]) -> int:
     import os
 
+    from hpcpipe.optional import MissingExtra, available, missing_message
+
+    if args.which == "attack" and not available("sklearn"):  # before launching: digits
+        raise MissingExtra(missing_message("sklearn", "paper", "the demo (digits attack)"))
     if not os.environ.get(INSIDE):
         return _relaunch(args.np, _strip_np(argv))
 
@@ -917,11 +929,17 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get(INSIDE):  # the relaunched ranks inherit it; results store it
         os.environ[COMMAND] = typed_command(argv)
     args, extra = build_parser().parse_known_args(argv)
-    if getattr(args, "takes_extra", False):
-        return args.func(args, extra, argv)
-    if extra:
-        raise SystemExit(f"hpcpipe {args.command}: unrecognised arguments {' '.join(extra)}")
-    return args.func(args)
+    from hpcpipe.optional import MissingExtra
+
+    try:
+        if getattr(args, "takes_extra", False):
+            return args.func(args, extra, argv)
+        if extra:
+            raise SystemExit(f"hpcpipe {args.command}: unrecognised arguments {' '.join(extra)}")
+        return args.func(args)
+    except MissingExtra as e:  # one line naming the extra to install, no traceback
+        print(f"hpcpipe {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

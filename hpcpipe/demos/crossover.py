@@ -189,12 +189,13 @@ def report(cells: list[Cell], x: Crossover, mpi_depth: int, ranks: int) -> str:
 def figure(cells: list[Cell], x: Crossover, path: Path) -> str:
     """Time to ε against depth, one line per method, the predicted Δ* marked; the path
     written, or why there is no figure."""
-    try:
-        import matplotlib
-    except ImportError:
-        return 'no figure: matplotlib is not installed (pip install "hpcpipe[plot]")'
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from hpcpipe.optional import available, install_hint
+
+    if not available("matplotlib"):
+        return f"no figure: {install_hint('matplotlib', 'plot')}"
+    from hpcpipe.studies.common import figure as pyplot
+
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for m, style in zip(NAMES, ("o-", "s--", "^-")):

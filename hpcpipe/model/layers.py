@@ -15,12 +15,29 @@ from typing import Any
 
 import numpy as np
 
-try:  # in-place GEMM accumulate C += A B (no temporary of the weight's size)
-    from scipy.linalg.blas import dgemm as _dgemm
-except ImportError:  # pragma: no cover
-    _dgemm = None
-
 Array = np.ndarray
+
+_UNSET = object()
+_dgemm: Any = _UNSET  # scipy's BLAS dgemm, imported on the first weight gradient
+
+
+def load_blas() -> Any:
+    """scipy.linalg.blas.dgemm, or None without scipy; imported on first use.
+
+    Importing scipy.linalg costs about 0.25 s of start-up per process, which a
+    rank pays only when it accumulates a weight gradient (the variable is the
+    weights); a rank whose variable is the input never imports it. An executor
+    whose variable is the weights calls this at set-up, so that the import is
+    not timed inside its first call.
+    """
+    global _dgemm
+    if _dgemm is _UNSET:
+        try:  # in-place GEMM accumulate C += A B (no temporary of the weight's size)
+            from scipy.linalg.blas import dgemm
+        except ImportError:  # pragma: no cover
+            dgemm = None
+        _dgemm = dgemm
+    return _dgemm
 
 
 def accumulate_outer(gw: Array, x: Array, dy: Array) -> None:
@@ -31,14 +48,14 @@ def accumulate_outer(gw: Array, x: Array, dy: Array) -> None:
     update instead of a 8 MB temporary plus an add (about 10x faster).
     """
     if (
-        _dgemm is not None
-        and gw.dtype == np.float64
+        gw.dtype == np.float64
         and gw.flags.c_contiguous
         and x.dtype == np.float64
         and dy.dtype == np.float64
+        and (dgemm := load_blas()) is not None
     ):
         xc, dyc = np.ascontiguousarray(x), np.ascontiguousarray(dy)
-        _dgemm(1.0, dyc.T, xc.T, beta=1.0, c=gw.T, trans_b=1, overwrite_c=1)
+        dgemm(1.0, dyc.T, xc.T, beta=1.0, c=gw.T, trans_b=1, overwrite_c=1)
     else:
         gw += x.T @ dy
 

@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcpipe.model import rng
-from hpcpipe.model.layers import backward_layers_into, forward_layers_into
+from hpcpipe.model.layers import backward_layers_into, forward_layers_into, load_blas
 from hpcpipe.model.stages import (
     VARIABLES,
     Batch,
@@ -167,6 +167,8 @@ class Engine:
         self.local_size = (
             (batch.m * spec.d_in if st.is_first else 0) if variable == "input" else st.size
         )
+        if variable == "weights":
+            load_blas()  # BLAS for the weight gradients, imported now rather than in call 1
 
     # ------------------------------------------------------------------
     def initial_point(self) -> np.ndarray:

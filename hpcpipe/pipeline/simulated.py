@@ -31,10 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import lapack
 
 from hpcpipe.model import rng
-from hpcpipe.model.layers import Orthogonal, backward_layers, forward_layers
+from hpcpipe.model.layers import Orthogonal, backward_layers, forward_layers, load_blas
 from hpcpipe.model.stages import (
     VARIABLES,
     Batch,
@@ -173,6 +172,8 @@ def _times_block(q: np.ndarray | None, seed: int, b: int, d: int) -> np.ndarray:
     multiplying: the same matrix up to rounding, fewer flops (measured in
     the README's depth paragraph). ``q`` is not modified.
     """
+    from scipy.linalg import lapack  # the simulated pipeline only: MPI ranks never import it
+
     a = rng.init_generator(seed, b).standard_normal((d, d))
     qr, tau, _, info = lapack.dgeqrf(a, overwrite_a=True)
     if info != 0:
@@ -303,6 +304,8 @@ class SimulatedPipeline:
         else:
             self._q = chain_matrix(self.model.layers) if self.fused else None
         self.local_size = batch.m * spec.d_in if variable == "input" else self.model.size
+        if variable == "weights":
+            load_blas()  # BLAS for the weight gradients, imported now rather than in call 1
         self.head = spec.make_head() if direct else self.model.head
 
     # ------------------------------------------------------------------

@@ -19,11 +19,11 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcpipe.pipeline.schedules import Kind, encode
+from hpcpipe.pipeline.wait import WAIT_POLICIES
 
 # a message travels with the kind of action that sends it: activations with
 # forwards, gradients with backwards
 FWD, BWD = int(Kind.FORWARD), int(Kind.BACKWARD)
-WAIT_POLICIES = ("busy", "yield", "sleep", "auto")
 
 
 def tag(item: int, direction: int) -> int:

@@ -5,22 +5,45 @@ projection, regulariser, metrics, known constants and settings checks).
 (``chains``), the hard instances (``worstcase``, ``nonconvex``) and digits problems
 (``digits``), any registered with ``register_problem``, and
 ``package.module:factory`` names imported on use.
+
+A built-in name is registered with the module that defines it (``BUILTIN``) and
+its module is imported when the name is first looked up: every name is listed
+and offered at once, and a run imports its own problem's module only (each
+rank of a job pays its imports at start-up).
 """
 
 from __future__ import annotations
 
-from hpcpipe.problems import chains, digits, nonconvex, worstcase
+import importlib
+
 from hpcpipe.problems.base import L2Regulariser, Problem, ProblemEntry, as_entry, no_check
 from hpcpipe.registry import Registry
 
+# name -> the module of hpcpipe.problems whose ENTRIES holds it, in the registry's order
+BUILTIN = {
+    "l1-chain": "chains",
+    "max-chain": "chains",
+    "quad-chain": "chains",
+    "nesterov-chain": "worstcase",
+    "pinball-chain": "worstcase",
+    "tridiag-chain": "worstcase",
+    "zero-chain": "nonconvex",
+    "attack": "digits",
+    "attack-targeted": "digits",
+    "fewshot": "digits",
+}
+
+
+def _builtin(name: str, module: str):
+    def load() -> ProblemEntry:
+        return importlib.import_module(f"hpcpipe.problems.{module}").ENTRIES[name]
+
+    return load
+
+
 PROBLEMS: Registry[ProblemEntry] = Registry("problem", load=as_entry)
-for _name, _entry in {
-    **chains.ENTRIES,
-    **worstcase.ENTRIES,
-    **nonconvex.ENTRIES,
-    **digits.ENTRIES,
-}.items():
-    PROBLEMS.register(_name, _entry)
+for _name, _module in BUILTIN.items():
+    PROBLEMS.register_lazy(_name, _builtin(_name, _module))
 
 
 def register_problem(name: str, factory=None, *, check=no_check, theory: bool = False):

@@ -13,16 +13,17 @@ from hpcpipe.errors import need
 from hpcpipe.model import rng
 from hpcpipe.model.layers import forward_layers
 from hpcpipe.model.stages import Batch, ModelSpec, Stage
+from hpcpipe.optional import available, missing_message
+from hpcpipe.optional import need as need_extra
 from hpcpipe.problems.base import Problem, ProblemEntry
+
+DIGITS_NEED = "the digits problems (attack, attack-targeted, fewshot)"
 
 
 def load_digits_split(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """scikit-learn's bundled 8x8 digits (no download), pixels in [0, 1], 1400/397 split."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:  # pragma: no cover
-        raise RuntimeError("the digits problems need scikit-learn: pip install scikit-learn") from e
-    x, y = load_digits(return_X_y=True)
+    datasets = need_extra("sklearn.datasets", "paper", DIGITS_NEED)
+    x, y = datasets.load_digits(return_X_y=True)
     x = x / 16.0
     perm = rng.data_generator(seed, 7).permutation(len(y))
     tr, te = perm[:1400], perm[1400:]
@@ -241,12 +242,19 @@ def fewshot(depth: int, width: int, m: int, seed: int) -> FewshotProblem:
     )
 
 
+def _check_sklearn(cfg) -> None:
+    """Before any rank starts: the bundled digits come with scikit-learn (the ``paper`` extra)."""
+    need(available("sklearn"), "problem", cfg.problem, missing_message("sklearn", "paper", "it"))
+
+
 def _check_attack(cfg) -> None:
+    _check_sklearn(cfg)
     need(cfg.m <= 10, "m", cfg.m, "the attack uses between 1 and 10 images")
     need(cfg.radius > 0, "radius", cfg.radius, "the attack needs a radius > 0")
 
 
 def _check_fewshot(cfg) -> None:
+    _check_sklearn(cfg)
     need(cfg.m <= 20, "m", cfg.m, "fewshot trains on at most 20 examples")
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.stats import norm
 
 from hpcpipe.model import rng
 from hpcpipe.model.losses import PinballResidual, TridiagQuadratic
@@ -138,17 +137,23 @@ def pinball_chain(depth: int, d: int, seed: int, tau: float = PINBALL_TAU) -> Ch
 
 def pinball_smoothed(r: np.ndarray, gamma: float, tau: float = PINBALL_TAU) -> np.ndarray:
     """φ_γ(r) = E ρ_τ(r + γW), W ~ N(0, 1), per coordinate (closed form above; γ > 0)."""
+    from scipy.stats import norm  # analysis only: a rank never needs it
+
     u = np.asarray(r, dtype=float) / gamma
     return gamma * norm.pdf(u) + gamma * u * (norm.cdf(u) - (1.0 - tau))
 
 
 def pinball_smoothing_shift(gamma: float, tau: float = PINBALL_TAU) -> float:
     """γq, q = Φ⁻¹(1 − τ): where φ_γ is minimised (the shift of θ_γ* from θ*, per coordinate)."""
+    from scipy.stats import norm
+
     return float(gamma * norm.ppf(1.0 - tau))
 
 
 def pinball_smoothing_gap(d: int, gamma: float, tau: float = PINBALL_TAU) -> float:
     """f(θ_γ*) − f* = γ√d·(1 − τ)|q|/max(τ, 1 − τ) for τ ≥ 1/2 (τ·|q| for τ < 1/2)."""
+    from scipy.stats import norm
+
     q = norm.ppf(1.0 - tau)
     rho = (1.0 - tau) * abs(q) if q <= 0 else tau * q
     return float(gamma * math.sqrt(d) * rho / max(tau, 1.0 - tau))

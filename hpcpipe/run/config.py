@@ -26,7 +26,7 @@ from hpcpipe.errors import need as _need
 from hpcpipe.optim import OPTIMIZERS
 from hpcpipe.pipeline.executors import EXECUTORS
 from hpcpipe.pipeline.schedules import SCHEDULES
-from hpcpipe.pipeline.transport import WAIT_POLICIES
+from hpcpipe.pipeline.wait import WAIT_POLICIES
 from hpcpipe.problems import PROBLEMS
 from hpcpipe.run.resources import memory_error
 

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcpipe.optional import install_hint, need
 from hpcpipe.run.results import Result
 
 FORMATS = ("csv", "parquet")
 TABLES = ("iterations", "timeline", "stages")
-PARQUET_NEEDS = "--format parquet needs pyarrow: pip install pyarrow (or use --format csv)"
+PARQUET_NEEDS = f"--format parquet needs {install_hint('pyarrow', 'data')} (or use --format csv)"
 
 
 class ExportError(ValueError):
@@ -53,8 +54,8 @@ def read_csv(path: str | Path) -> dict[str, np.ndarray]:
 
 
 def write_parquet(columns: dict[str, np.ndarray], path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    pa = need("pyarrow", "data", "--format parquet")
+    pq = need("pyarrow.parquet", "data", "--format parquet")
 
     pq.write_table(pa.table({k: np.asarray(v) for k, v in columns.items()}), path)
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from hpcpipe.errors import ResultsError
 from hpcpipe.run import superblock
 
 SCHEMA_VERSION = 2
@@ -43,10 +44,6 @@ STATUSES = ("complete", "incomplete", "diverged", "failed")
 TIMELINE_INT = ("iteration", "rank", "stage", "kind", "item")
 TIMELINE_FLOAT = ("wait", "start", "end")
 STAGE_FIELDS = ("busy", "wait", "idle", "actions")
-
-
-class ResultsError(ValueError):
-    """A file that is not a readable hpcpipe result."""
 
 
 def versions() -> dict:
@@ -383,8 +380,9 @@ class Result:
         The timeline frame adds ``action`` ("F3", "B3"), ``compute`` = end − start
         and ``receive_wait`` = start − wait, in the clock's units.
         """
-        import pandas as pd
+        from hpcpipe.optional import need
 
+        pd = need("pandas", "data", "Result.frame()")
         df = pd.DataFrame(self.columns(what))
         if what == "timeline":
             kinds = np.array(["F", "B"])

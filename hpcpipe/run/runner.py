@@ -438,7 +438,7 @@ def _offsets(prob: Problem, comm) -> list[int]:
 
 def _collective(comm, make):
     """``make()`` on every rank (rank 0 may fail); its error, if any, raised on every rank."""
-    from hpcpipe.run.results import ResultsError
+    from hpcpipe.errors import ResultsError
 
     out, err = None, None
     try:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcpipe.optional import need
 from hpcpipe.pipeline.schedules import Kind, consumer
 
 PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
@@ -217,14 +218,9 @@ def gantt_figure(
     drawn only where it fits inside its cell; the legend names F and B and the
     title gives the bubble fraction 1 − Σ busy / (S · makespan).
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError as e:  # pragma: no cover
-        raise RuntimeError("plots need matplotlib: pip install 'hpcpipe[plot]'") from e
+    need("matplotlib", "plot", "a Gantt chart").use("Agg")
+    plt = need("matplotlib.pyplot", "plot", "a Gantt chart")
+    Patch = need("matplotlib.patches", "plot", "a Gantt chart").Patch
     S = len(rows)
     cells = [c for r in rows for c in r]
     t0 = min((c[0] for c in cells), default=0.0)
@@ -281,8 +277,7 @@ def gantt_figure(
 
 def gantt_png(rows, path: str | Path, title: str = "", unit: str = "s") -> None:
     """Draw :func:`gantt_figure` to a PNG file."""
-    import matplotlib.pyplot as plt
-
+    plt = need("matplotlib.pyplot", "plot", "a Gantt chart")
     fig = gantt_figure(rows, title, unit)
     fig.savefig(path, dpi=120)
     plt.close(fig)

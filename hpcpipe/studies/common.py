@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcpipe.optional import need
 from hpcpipe.run.results import Result, load_dir
 
 
@@ -151,12 +152,10 @@ def spot_agreement(spots, reference, columns=("loss",)) -> tuple[int, int, list[
 
 
 def figure():
-    import matplotlib
-
+    """matplotlib.pyplot on the Agg backend (MissingExtra naming the ``plot`` extra without it)."""
+    matplotlib = need("matplotlib", "plot", "a figure")
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return need("matplotlib.pyplot", "plot", "a figure")
 
 
 # 10 colours and 9 markers: a (colour, marker) pair repeats only after 90 series
@@ -194,8 +193,7 @@ def legend_outside(ax) -> None:
 
 def save_figure(fig, outdir: Path, name: str, res: StudyResult) -> None:
     """Write a study's figure as PNG next to the report and list it in the study."""
-    import matplotlib.pyplot as plt
-
+    plt = need("matplotlib.pyplot", "plot", "a figure")
     fig.tight_layout()
     fig.savefig(outdir / name, dpi=110)
     plt.close(fig)

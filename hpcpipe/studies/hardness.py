@@ -29,7 +29,6 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from scipy import stats
 
 from hpcpipe.model.reference import Reference
 from hpcpipe.optim.methods import PPRS, theory_plan
@@ -99,6 +98,8 @@ def family(name: str, x: float, depth: int = 2, seed: int = 0, dim: int = 16):
 
 def fit_exponent(xs, ns, level: float = 0.95) -> tuple[float, float, float]:
     """Least-squares slope p of log n = p log x + c, with its t-interval at ``level``."""
+    from scipy import stats  # analysis only
+
     lx, ln = np.log(np.asarray(xs, float)), np.log(np.asarray(ns, float))
     res = stats.linregress(lx, ln)
     if len(lx) < 3:

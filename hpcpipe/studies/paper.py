@@ -68,6 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcpipe.optional import need
 from hpcpipe.studies.common import StudyResult, Verdict, figure, legend_outside, save_figure
 
 NAME = "paper"
@@ -892,7 +893,7 @@ def _figures(res: StudyResult, kind: str, group: list[Setting], outdir: Path) ->
     slug = kind.replace("-", "")
     (outdir / f"paper_{slug}_figures.json").write_text(json.dumps(_json_safe(data)))
     plt = figure()
-    from matplotlib.colors import LogNorm
+    LogNorm = need("matplotlib.colors", "plot", "a figure").LogNorm
 
     n = len(group)
     cols = min(n, 2)

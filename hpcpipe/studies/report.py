@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hpcpipe.optional import available, missing_message
 from hpcpipe.registry import names_from
 from hpcpipe.studies import (
     depth,
@@ -177,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir() or not out.exists() and out.parent.is_file():
         print(f"hpcpipe analyze: -o {args.out!r} must be a folder", file=sys.stderr)
+        return 2
+    if not available("matplotlib"):  # before any work: every study draws its figures
+        print(f"hpcpipe: {missing_message('matplotlib', 'plot', 'analyze')}", file=sys.stderr)
         return 2
     results, path = analyse(args.dirs, args.out, args.study, trust_files=args.trust_file)
     bad = [v for r in results for v in r.verdicts if v.kind != "claim" and v.ok is False]
