@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # A small multi-node cluster on one Linux machine, built from network namespaces (as root).
 #
-#   .ci/cluster.sh up N [--rate MBIT] [--slurm]
+#   .ci/cluster.sh up N [--rate RATE] [--slurm]
 #                          build an N-node cluster from scratch (tears down first: idempotent);
-#                          --rate limits every node's outgoing link (tc tbf) to MBIT Mbit/s;
+#                          --rate limits every node's outgoing link (tc tbf) to RATE:
+#                          200 (Mbit/s), 200mbit, 128kbit;
 #                          --slurm also starts one slurmctld (on ctl) and one slurmd per node
 #   .ci/cluster.sh down    stop every process in the namespaces, delete them and their hosts
 #                          files, by name; safe after a failed or partial `up`, and when down
 #   .ci/cluster.sh status  namespaces, addresses, processes, link byte counters, rate limits
 #   .ci/cluster.sh exec NODE CMD...   run CMD on NODE (ctl, n1..nN) with the cluster's env
-#   .ci/cluster.sh rate MBIT|off      set or remove the bandwidth limit on every node's link
+#   .ci/cluster.sh rate RATE|off      set or remove the bandwidth limit on every node's link
 #   .ci/cluster.sh bytes NODE         bytes sent and received on NODE's link (two numbers)
 #   .ci/cluster.sh mpiexec HOSTS PPN CMD...
 #                          run CMD under the MPI wheel's mpiexec from ctl, PPN ranks on each
@@ -131,14 +132,23 @@ EOF
   chmod +x "$STATE/bin/nsssh"
 }
 
-set_rate() { # MBIT|off on every node's outgoing link
-  local rate=$1 ns
+RATE_RE='^[1-9][0-9]*(kbit|mbit|gbit)?$'
+set_rate() { # RATE|off on every node's outgoing link; RATE: 200 (Mbit/s), 200mbit, 128kbit
+  local rate=$1 ns bits burst
+  case $rate in
+    off) ;;
+    *kbit) bits=$((${rate%kbit} * 1000)) ;;
+    *gbit) bits=$((${rate%gbit} * 1000000000)) ;;
+    *) rate=${rate%mbit}mbit; bits=$((${rate%mbit} * 1000000)) ;;
+  esac
+  # bucket: one 1/HZ tick of traffic (HZ >= 250), at least one full frame: a message longer
+  # than the bucket moves at the rate; the queue holds up to 4 s of traffic
+  [ "$rate" = off ] || { burst=$((bits / 8 / 250)); [ "$burst" -lt 1600 ] && burst=1600; }
   for ns in $(my_namespaces | grep -E "^${P}[0-9]+$"); do
     if [ "$rate" = off ]; then
       tc -n "$ns" qdisc del dev "${P}eth0" root 2>/dev/null || true
     else
-      # burst: 64 KiB (a few ms at the rates used); queue: up to 100 ms of traffic
-      tc -n "$ns" qdisc replace dev "${P}eth0" root tbf rate "${rate}mbit" burst 64kb latency 100ms
+      tc -n "$ns" qdisc replace dev "${P}eth0" root tbf rate "$rate" burst "$burst" latency 4s
     fi
   done
 }
@@ -246,14 +256,14 @@ cmd_up() {
   local n=2 rate="" slurm=0 t0=$SECONDS i
   while [ $# -gt 0 ]; do
     case $1 in
-      --rate) rate=${2:-}; shift 2 || die "--rate needs a value in Mbit/s, e.g. --rate 200";;
+      --rate) rate=${2:-}; shift 2 || die "--rate needs a value, e.g. --rate 200 (Mbit/s)";;
       --slurm) slurm=1; shift;;
       [0-9]*) n=$1; shift;;
-      *) die "unknown option '$1' (up N [--rate MBIT] [--slurm])";;
+      *) die "unknown option '$1' (up N [--rate RATE] [--slurm])";;
     esac
   done
   [[ $n =~ ^[1-9][0-9]?$ ]] || die "N must be a node count from 1 to 99, not '$n'"
-  [ -z "$rate" ] || [[ $rate =~ ^[1-9][0-9]*$ ]] || die "--rate must be whole Mbit/s, e.g. 200, not '$rate'"
+  [ -z "$rate" ] || [[ $rate =~ $RATE_RE ]] || die "--rate must be like 200 (Mbit/s), 200mbit or 128kbit, not '$rate'"
   [ "$(id -u)" = 0 ] || die "must be root (network namespaces)"
   command -v ip >/dev/null || die "'ip' not found: install iproute2"
   command -v unshare >/dev/null || die "'unshare' not found: install util-linux"
@@ -316,8 +326,8 @@ case ${1:-} in
   down) cmd_down ;;
   status) cmd_status ;;
   exec) [ $# -ge 3 ] || die "exec NODE CMD..."; shift; node=$1; shift; nsrun "$node" "$@" ;;
-  rate) [ $# -eq 2 ] || die "rate MBIT|off"
-    [[ $2 = off || $2 =~ ^[1-9][0-9]*$ ]] || die "rate must be whole Mbit/s or off, not '$2'"
+  rate) [ $# -eq 2 ] || die "rate RATE|off"
+    [[ $2 = off || $2 =~ $RATE_RE ]] || die "rate must be like 200 (Mbit/s), 200mbit, 128kbit or off, not '$2'"
     set_rate "$2" ;;
   bytes) [ $# -eq 2 ] || die "bytes NODE"; cmd_bytes "$2" ;;
   mpiexec) [ $# -ge 4 ] || die "mpiexec HOSTS PPN CMD..."; shift; cmd_mpiexec "$@" ;;

@@ -8,7 +8,7 @@ files, whose optimizer state was only theta/prev, are read and resumed too):
 
     /                      attrs: schema_version, status, config (JSON), config.<key>,
                            method (JSON), problem (JSON), versions, command, n_ranks,
-                           hosts (JSON), start_time, end_time, clock
+                           hosts (JSON), rank_hosts (JSON), start_time, end_time, clock
     /iterations/<column>   float64 (N,), one dataset per column of runner.Row
     /timeline/<field>      (E,) per recorded action: iteration, rank, stage, kind
                            (0 = F, 1 = B), item (int64); wait, start, end (float64,

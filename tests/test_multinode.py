@@ -1,0 +1,236 @@
+"""MPI across nodes: a two-node cluster of network namespaces (.ci/cluster.sh), as root.
+
+A session fixture builds the cluster (`.ci/cluster.sh up 2`) and always takes it
+down. Ranks start through the MPI wheel's mpiexec with the cluster's ssh stand-in,
+TCP forced between nodes (the namespaces share a kernel: without it the bytes would
+go through shared memory). Without root or `ip` the tests are skipped with the
+reason, unless HPCPIPE_REQUIRE_CLUSTER=1 (set by CI), where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcpipe.pipeline.placement import LinkCosts, crossings, hop_costs
+from hpcpipe.pipeline.schedules import SCHEDULES, build
+from hpcpipe.pipeline.simulator import simulate
+from hpcpipe.run.results import load
+
+pytestmark = pytest.mark.multinode
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = ROOT / ".ci" / "cluster.sh"
+PINGPONG = Path(__file__).resolve().parent / "multinode_pingpong.py"
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", HPCPIPE_PROGRESS="off")
+ENV.pop("HPCPIPE_LAUNCHER_PID", None)
+
+
+def cluster_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "not root: network namespaces need root"
+    for tool, package in (("ip", "iproute2"), ("unshare", "util-linux"), ("tc", "iproute2")):
+        if not shutil.which(tool):
+            return f"'{tool}' not found (install {package})"
+    return None
+
+
+def need_cluster() -> None:
+    why = cluster_missing()
+    if why is None:
+        return
+    if os.environ.get("HPCPIPE_REQUIRE_CLUSTER") == "1":
+        pytest.fail(f"HPCPIPE_REQUIRE_CLUSTER=1 but {why}")
+    pytest.skip(f"{why}; run the tests as root to build the namespace cluster")
+
+
+def sh(*args: str, timeout: float = 600, cwd: Path | None = None, **env: str):
+    return subprocess.run(
+        [str(CLUSTER), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=dict(ENV, **env),
+    )
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """Two nodes n1, n2 (no rate limit); taken down whatever the tests do."""
+    need_cluster()
+    try:
+        up = sh("up", "2", timeout=120)
+        assert up.returncode == 0, up.stderr
+        yield
+    finally:
+        down = sh("down", timeout=120)
+        assert down.returncode == 0, down.stderr
+
+
+def mpirun(hosts: str, ppn: int, args: list[str], cwd: Path, timeout: float = 900, **env: str):
+    """``args`` run by the Python of this test on ``ppn`` ranks per host; checked."""
+    p = sh("mpiexec", hosts, str(ppn), sys.executable, *args, timeout=timeout, cwd=cwd, **env)
+    assert p.returncode == 0, f"{hosts} x {ppn}: {args}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    return p
+
+
+def link_bytes(node: str) -> tuple[int, int]:
+    """(sent, received) bytes on the node's link."""
+    p = sh("bytes", node)
+    assert p.returncode == 0, p.stderr
+    tx, rx = (int(x) for x in p.stdout.split())
+    return tx, rx
+
+
+def hpcpipe_run(hosts: str, ppn: int, out: Path, *settings: str) -> None:
+    args = ["-m", "hpcpipe", "run", "--output", str(out), "--progress", "off", *settings]
+    mpirun(hosts, ppn, args, out.parent)
+
+
+def iterate(path: Path) -> np.ndarray:
+    with h5py.File(path, "r") as f:
+        return f["state/optimizer/theta"][()]
+
+
+# -- a 4-rank pipeline over 2 nodes equals the same run on one node, bit for bit ----------
+
+DIM, ITERATIONS = 512, 6
+METHODS = {
+    "gd": ["--optimizer", "gd", "--lr", "0.05"],
+    "pprs": ["--optimizer", "pprs", "--gamma", "0.05", "--samples", "3", "--lr", "0.05"],
+}
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES.names())
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_two_nodes_equal_one_node_bitwise(cluster, tmp_path, method, schedule):
+    """Iterates, losses and model-clock pipeline times of a 4-rank run with 2 ranks on each
+    of n1, n2 equal those of the run with 4 ranks on n1; the cross-node run's messages
+    really crossed the link (veth byte counters), the one-node run's did not; each result
+    records its ranks' hosts."""
+    settings = [
+        "--problem", "l1-chain", "--depth", "4", "--dim", str(DIM), "--schedule", schedule,
+        "--iterations", str(ITERATIONS), "--clock", "model", "--alpha", "0.5",
+        "--beta", "0.001", *METHODS[method],
+    ]  # fmt: skip
+    one, two = tmp_path / "one-node.h5", tmp_path / "two-nodes.h5"
+    before = link_bytes("n1")
+    hpcpipe_run("n1", 4, one, *settings)
+    middle = link_bytes("n1")
+    hpcpipe_run("n1,n2", 2, two, *settings)
+    after = link_bytes("n1")
+
+    a, b = load(one), load(two)
+    assert a.status == b.status == "complete"
+    assert json.loads(a.attrs["rank_hosts"]) == ["n1"] * 4
+    assert json.loads(b.attrs["rank_hosts"]) == ["n1", "n1", "n2", "n2"]
+    assert json.loads(b.attrs["hosts"]) == ["n1", "n2"]
+    for col in ("loss", "grad_norm", "pipeline_time"):
+        assert np.array_equal(a.iterations[col], b.iterations[col]), col
+    assert np.array_equal(iterate(one), iterate(two))
+    assert a.iterations["pipeline_time"][-1] > 0
+
+    # payload across boundary 1 (rank 1 -> 2 forward, 2 -> 1 backward): items x d doubles
+    # per call and direction. The one-node run moves nothing over the link.
+    items = 3 if method == "pprs" else 1
+    payload = ITERATIONS * items * DIM * 8
+    sent, received = after[0] - middle[0], after[1] - middle[1]
+    assert sent >= payload and received >= payload, (sent, received, payload)
+    assert middle[0] - before[0] < payload // 2, "a one-node run sent its messages on the link"
+
+
+# -- bench transport: the TCP path between nodes beside shared memory inside one -------------
+
+
+def test_bench_transport_across_nodes_beside_shared_memory(cluster, tmp_path):
+    """``hpcpipe bench transport`` with 2 ranks on each of 2 nodes measures the pair inside
+    n1 (shared memory) and the pair across n1-n2 (TCP): every size has a sane row for each
+    pair, named by its hosts, and the network pair's bytes went over the link (at least one
+    bandwidth window of the largest size: 64 x 16 KiB). No speed is asserted."""
+    before = link_bytes("n1")
+    p = mpirun(
+        "n1,n2",
+        2,
+        ["-m", "hpcpipe", "bench", "transport", "--max-bytes", "16384", "--iters", "20",
+         "--repeats", "1"],
+        tmp_path,
+        HPCPIPE_INSIDE_MPI="1",  # under this mpiexec: measure, do not launch again
+    )  # fmt: skip
+    after = link_bytes("n1")
+    print(p.stdout)
+    assert "pairs: ranks 0-1 on n1-n1, ranks 0-2 on n1-n2" in p.stdout, p.stdout
+    assert "sanity: ok" in p.stdout, p.stdout
+    rows = [line.split() for line in p.stdout.splitlines() if line[:1].isdigit()]
+    sizes = [8 << k for k in range(12)]  # 8 B .. 16 KiB
+    assert [(int(r[0]), r[1]) for r in rows] == [
+        (s, pair) for pair in ("n1-n1", "n1-n2") for s in sizes
+    ], p.stdout
+    assert after[0] - before[0] >= 64 * 16384 and after[1] - before[1] > 0
+
+
+# -- a bandwidth-limited link: measured wall-clock pipeline time against the prediction ------
+
+RATE = "128kbit"  # bytes dominate: a 4 KiB message takes ~0.2 s, a layer's compute ~1 ms
+WIDE = 512  # l1-chain dimension: 4 KiB activations and gradients
+
+
+def test_bandwidth_limited_run_matches_placement_aware_prediction(cluster, tmp_path):
+    """With the links limited by tc tbf, a 4-rank GD run with 2 ranks per node (one hop of
+    three crosses nodes) takes the wall-clock pipeline time the model predicts, within
+    ±15%: the link is calibrated first (one-way time at 8 bytes: α_inter; at the message
+    size: β_inter), then the run's own prediction (figures.predicted_pipeline_time: the
+    simulator with α_inter + n·β_inter on the crossing hop) is held against its measured
+    time. Predictions blind to placement (every hop free, or every hop across the network)
+    miss by far more than 15%: the check can fail."""
+    nbytes = WIDE * 8
+    rate = sh("rate", RATE)
+    assert rate.returncode == 0, rate.stderr
+    try:
+        p = mpirun("n1,n2", 1, [str(PINGPONG), "8", str(nbytes)], tmp_path)
+        t = {int(b): float(s) for b, s in (line.split() for line in p.stdout.splitlines())}
+        alpha = t[8]
+        beta = (t[nbytes] - alpha) / nbytes
+        out = tmp_path / "limited.h5"
+        hpcpipe_run(
+            "n1,n2", 2, out,
+            "--problem", "l1-chain", "--depth", "4", "--dim", str(WIDE), "--optimizer", "gd",
+            "--iterations", "5", "--clock", "wall", "--wait", "sleep", "--layer-time", "0.001",
+            "--eval-every", "0", "--alpha-inter", repr(alpha), "--beta-inter", repr(beta),
+        )  # fmt: skip
+    finally:
+        off = sh("rate", "off")
+        assert off.returncode == 0, off.stderr
+    r = load(out)
+    fig = json.loads(r.attrs["figures"])
+    measured, predicted = fig["pipeline_time"], fig["predicted_pipeline_time"]
+
+    # the same prediction, by hand, and two placement-blind ones
+    hosts = json.loads(r.attrs["rank_hosts"])
+    sch = build("gpipe", 4, 1)
+    tf = tb = [0.001] * 4
+
+    def predict(crossing: list[bool]) -> float:
+        msg = hop_costs(LinkCosts(alpha_inter=alpha, beta_inter=beta), crossing, [WIDE] * 3, [1])
+        return 5 * simulate(sch, tf, tb, msg).makespan
+
+    assert crossings(hosts, 4) == [False, True, False]
+    assert predict(crossings(hosts, 4)) == pytest.approx(predicted, rel=1e-12)
+    blind_free, blind_net = predict([False] * 3), predict([True] * 3)
+    print(
+        f"link {RATE}: alpha_inter {alpha * 1e3:.2f} ms, beta_inter {beta * 1e6:.2f} us/B "
+        f"({8 / beta / 1e3:.0f} kbit/s); pipeline time measured {measured:.3f} s, predicted "
+        f"{predicted:.3f} s (ratio {measured / predicted:.3f}); placement-blind predictions "
+        f"{blind_free:.3f} s (no hop crosses), {blind_net:.3f} s (every hop crosses)"
+    )
+    assert measured == pytest.approx(predicted, rel=0.15)
+    assert measured != pytest.approx(blind_free, rel=0.15)
+    assert measured != pytest.approx(blind_net, rel=0.15)
