@@ -169,7 +169,7 @@ def test_bench_transport_across_nodes_beside_shared_memory(cluster, tmp_path):
     print(p.stdout)
     assert "pairs: ranks 0-1 on n1-n1, ranks 0-2 on n1-n2" in p.stdout, p.stdout
     assert "sanity: ok" in p.stdout, p.stdout
-    rows = [line.split() for line in p.stdout.splitlines() if line[:1].isdigit()]
+    rows = [r for r in (line.split() for line in p.stdout.splitlines()) if r and r[0].isdigit()]
     sizes = [8 << k for k in range(12)]  # 8 B .. 16 KiB
     assert [(int(r[0]), r[1]) for r in rows] == [
         (s, pair) for pair in ("n1-n1", "n1-n2") for s in sizes

@@ -76,7 +76,12 @@ def slurm_provenance() -> dict:
         "SLURM_TASKS_PER_NODE",
         "SLURM_CPUS_PER_TASK",
     )
-    return {k: os.environ[k] for k in keys if k in os.environ}
+    out = {k: os.environ[k] for k in keys if k in os.environ}
+    # under mpiexec in a batch job, the ranks see the task count of hydra's own step (one
+    # proxy per node): the job script keeps the job's in HPCPIPE_SLURM_NTASKS
+    if "SLURM_NTASKS" in out and os.environ.get("HPCPIPE_SLURM_NTASKS"):
+        out["SLURM_NTASKS"] = os.environ["HPCPIPE_SLURM_NTASKS"]
+    return out
 
 
 class LockedError(ResultsError):
