@@ -190,6 +190,8 @@ SlurmctldTimeout=10
 MessageTimeout=5
 ReturnToService=2
 SchedulerParameters=batch_sched_delay=0
+# advertise HPN_CPUS per node whatever the machine has (oversubscribed MPI jobs)
+SlurmdParameters=config_overrides
 MinJobAge=60
 KillWait=5
 InactiveLimit=0

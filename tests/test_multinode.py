@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -24,6 +25,7 @@ from hpcpipe.pipeline.placement import LinkCosts, crossings, hop_costs
 from hpcpipe.pipeline.schedules import SCHEDULES, build
 from hpcpipe.pipeline.simulator import simulate
 from hpcpipe.run.results import load
+from hpcpipe.studies.jobs import JobOptions, generate
 
 pytestmark = pytest.mark.multinode
 
@@ -65,10 +67,11 @@ def sh(*args: str, timeout: float = 600, cwd: Path | None = None, **env: str):
 
 @pytest.fixture(scope="session")
 def cluster():
-    """Two nodes n1, n2 (no rate limit); taken down whatever the tests do."""
+    """Two nodes n1, n2 (no rate limit; Slurm where installed); taken down whatever happens."""
     need_cluster()
+    slurm = ["--slurm"] if shutil.which("slurmctld") and shutil.which("slurmd") else []
     try:
-        up = sh("up", "2", timeout=120)
+        up = sh("up", "2", *slurm, timeout=300)
         assert up.returncode == 0, up.stderr
         yield
     finally:
@@ -234,3 +237,69 @@ def test_bandwidth_limited_run_matches_placement_aware_prediction(cluster, tmp_p
     assert measured == pytest.approx(predicted, rel=0.15)
     assert measured != pytest.approx(blind_free, rel=0.15)
     assert measured != pytest.approx(blind_net, rel=0.15)
+
+
+# -- Slurm across nodes: a generated --nodes=2 job -------------------------------------------
+
+SWEEP = """
+[sweep]
+name = "two-nodes"
+ranks = 4
+[base]
+problem = "l1-chain"
+depth = 4
+dim = 512
+optimizer = "pprs"
+gamma = 0.05
+samples = 2
+iterations = 5
+progress = "off"
+"""
+
+
+def need_cluster_slurm() -> None:
+    if (Path(os.environ.get("HPN_STATE", "/tmp/hpn-cluster")) / "slurm/slurm.conf").is_file():
+        return
+    why = "Slurm (slurmctld, slurmd, munge) is not installed: the cluster runs without it"
+    if os.environ.get("HPCPIPE_REQUIRE_CLUSTER") == "1":
+        pytest.fail(f"HPCPIPE_REQUIRE_CLUSTER=1 but {why}")
+    pytest.skip(f"{why}; apt-get install slurmctld slurmd slurm-client munge")
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
+def test_generated_two_node_job_runs_across_both_nodes(cluster, tmp_path, launcher):
+    """`hpcpipe jobs generate --nodes 2 --ntasks-per-node 2`, submitted on the cluster's
+    Slurm: the point's result lists ranks on n1 and n2, the job's 4 tasks (also under
+    mpiexec, whose proxies see a step of 2), its messages crossed the link, and the
+    dependent analysis ran and listed the point as complete."""
+    need_cluster_slurm()
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(SWEEP)
+    folder = tmp_path / "jobs"
+    opts = JobOptions(
+        nodes=2, tasks_per_node=2, launcher=launcher, python=sys.executable, time="00:10:00"
+    )
+    generate(str(sweep), folder, opts)
+    before = link_bytes("n1")
+    p = sh("exec", "ctl", str(folder / "submit.sh"), cwd=folder)
+    assert p.returncode == 0, p.stdout + p.stderr
+    ids = (folder / "submitted.txt").read_text().split()
+    for _ in range(600):
+        q = sh("exec", "ctl", "squeue", "-h", "-j", ",".join(ids), "-o", "%i %T")
+        if q.returncode == 0 and not q.stdout.strip():
+            break
+        time.sleep(0.5)
+    else:
+        sh("exec", "ctl", "scancel", *ids)
+        raise AssertionError(f"jobs {ids} still queued after 300 s")
+    after = link_bytes("n1")
+    r = load(folder / "results" / "0000-point.h5")
+    assert r.status == "complete"
+    assert json.loads(r.attrs["rank_hosts"]) == ["n1", "n1", "n2", "n2"]
+    slurm = json.loads(r.attrs["slurm"])
+    assert slurm["SLURM_NTASKS"] == "4" and slurm["SLURM_JOB_NODELIST"] == "n[1-2]", slurm
+    assert slurm["SLURM_TASKS_PER_NODE"] == "2(x2)", slurm
+    payload = 5 * 2 * 512 * 8  # iterations x K items x d doubles, each direction
+    assert after[0] - before[0] >= payload and after[1] - before[1] >= payload
+    log = next((folder / "logs").glob("*analysis*.out")).read_text()
+    assert "complete" in log and "0000-point.h5" in log and "wrote report" in log, log

@@ -131,6 +131,7 @@ def test_generated_multinode_placement_and_script_fixes(tmp_path):
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --exclusive",
                  "#SBATCH --signal=B:TERM@120", "module load gcc/12.2\nmodule load mpich",
                  'export HPCPIPE_SLURM_NTASKS="$SLURM_NTASKS"', '"$mpiexec" -n 2 ',
+                 'HPCPIPE_SLURM_TASKS_PER_NODE="${SLURM_TASKS_PER_NODE:-}"',
                  "/opt/py/bin/python -c 'from hpcpipe.cli.launch import find_mpiexec",
                  "mkdir -p logs results"):  # fmt: skip
         assert line in arr, (line, arr)

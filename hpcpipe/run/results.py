@@ -77,10 +77,11 @@ def slurm_provenance() -> dict:
         "SLURM_CPUS_PER_TASK",
     )
     out = {k: os.environ[k] for k in keys if k in os.environ}
-    # under mpiexec in a batch job, the ranks see the task count of hydra's own step (one
-    # proxy per node): the job script keeps the job's in HPCPIPE_SLURM_NTASKS
-    if "SLURM_NTASKS" in out and os.environ.get("HPCPIPE_SLURM_NTASKS"):
-        out["SLURM_NTASKS"] = os.environ["HPCPIPE_SLURM_NTASKS"]
+    # under mpiexec in a batch job, the ranks see the task layout of hydra's own step (one
+    # proxy per node): the job script keeps the job's in HPCPIPE_SLURM_<KEY>
+    for k in ("SLURM_NTASKS", "SLURM_TASKS_PER_NODE"):
+        if k in out and os.environ.get(f"HPCPIPE_{k}"):
+            out[k] = os.environ[f"HPCPIPE_{k}"]
     return out
 
 

@@ -153,11 +153,13 @@ def array_script(sweep: Sweep, ranks: int, indices: list[int], opts: JobOptions)
         if opts.signal:  # to the batch shell, which passes it on to mpiexec (below)
             extra.append(f"--signal=B:TERM@{opts.signal}")
         # the mpiexec next to the Python that has hpcpipe (a venv's, the wheel's), else PATH's;
-        # hydra's proxies see SLURM_NTASKS of their own step: the job's is kept for the file
+        # hydra's proxies see the task layout of their own step (one task per node): the
+        # job's is kept for the result file
         launch = [
             f"mpiexec=$({py} -c 'from hpcpipe.cli.launch import find_mpiexec; "
             "print(find_mpiexec())')",
-            'export HPCPIPE_SLURM_NTASKS="$SLURM_NTASKS"',
+            'export HPCPIPE_SLURM_NTASKS="$SLURM_NTASKS"'
+            ' HPCPIPE_SLURM_TASKS_PER_NODE="${SLURM_TASKS_PER_NODE:-}"',
             f'"$mpiexec" -n {ranks} {run} &',
             "pid=$!",
             "trap 'kill -TERM \"$pid\" 2>/dev/null' TERM",
