@@ -303,3 +303,99 @@ def test_generated_two_node_job_runs_across_both_nodes(cluster, tmp_path, launch
     assert after[0] - before[0] >= payload and after[1] - before[1] >= payload
     log = next((folder / "logs").glob("*analysis*.out")).read_text()
     assert "complete" in log and "0000-point.h5" in log and "wrote report" in log, log
+
+
+# -- the loss of a node mid-run ----------------------------------------------------------------
+
+LONG = """
+[sweep]
+name = "node-loss"
+ranks = 4
+[base]
+problem = "l1-chain"
+depth = 4
+dim = 8
+optimizer = "gd"
+lr = 0.01
+iterations = 400
+layer_time = 0.002
+flush_every = 5
+progress = "off"
+"""
+
+
+def _state(job: str) -> str:
+    p = sh("exec", "ctl", "squeue", "-h", "-j", job, "-o", "%T")
+    return p.stdout.strip() if p.returncode == 0 else "?"
+
+
+def _flushed(path: Path) -> int:
+    try:
+        return len(load(path).iterations["iteration"])
+    except Exception:  # not yet written, or between two flushes
+        return 0
+
+
+def test_node_loss_ends_the_job_and_a_resume_finishes_the_run(cluster, tmp_path):
+    """Killing every process of n2 (its slurmd and its ranks) mid-run: Slurm ends the job
+    within 60 s with the node failure in its log and marks n2 down; the result file reads
+    up to its last flush (incomplete); with n2 back, the requeued job (or a resubmit)
+    resumes the point to the end, and its final iterate equals an uninterrupted run's."""
+    need_cluster_slurm()
+    sweep = tmp_path / "long.toml"
+    sweep.write_text(LONG)
+    folder = tmp_path / "jobs"
+    opts = JobOptions(nodes=2, tasks_per_node=2, python=sys.executable, time="00:10:00")
+    generate(str(sweep), folder, opts)
+    p = sh("exec", "ctl", "sbatch", "--parsable", "array-4.sbatch", cwd=folder)
+    assert p.returncode == 0, p.stderr
+    job = p.stdout.strip().split(";")[0]
+    result = folder / "results" / "0000-point.h5"
+    try:
+        for _ in range(600):
+            if _flushed(result) >= 20:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the job never flushed 20 iterations")
+        kill = sh("kill-node", "n2")
+        assert kill.returncode == 0, kill.stderr
+        t0 = time.monotonic()
+        while _state(job) == "RUNNING" and time.monotonic() - t0 < 90:
+            time.sleep(0.5)
+        ended = time.monotonic() - t0
+        print(f"node n2 killed: the job stopped running after {ended:.1f} s")
+        assert ended < 60, f"the job still ran {ended:.0f} s after n2 was lost"
+        sinfo = sh("exec", "ctl", "sinfo", "-h", "-n", "n2", "-o", "%T")
+        assert sinfo.stdout.strip().startswith("down"), sinfo.stdout
+        log = (folder / "logs" / f"hpcpipe-node-loss-r4-{job}_0.out").read_text()
+        assert "Node failure on n2" in log or "NODE FAILURE" in log, log
+        cut = load(result)
+        assert cut.status == "incomplete" and len(cut.iterations["iteration"]) >= 20
+
+        start = sh("start-node", "n2")
+        assert start.returncode == 0, start.stderr
+        if _state(job):  # requeued by Slurm: start it now rather than after its hold-off
+            sh("exec", "ctl", "scontrol", "update", f"JobId={job}", "StartTime=now")
+        else:
+            p = sh("exec", "ctl", "sbatch", "--parsable", "array-4.sbatch", cwd=folder)
+            assert p.returncode == 0, p.stderr
+            job = p.stdout.strip().split(";")[0]
+        for _ in range(600):
+            if not _state(job):
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"the resumed job {job} did not finish in 300 s")
+    finally:
+        sh("exec", "ctl", "scancel", job)
+    done = load(result)
+    assert done.status == "complete" and int(done.attrs["resumed"]) >= 1
+    assert len(done.iterations["iteration"]) == 400
+
+    ref = tmp_path / "uninterrupted"
+    mpirun("n1", 4, ["-m", "hpcpipe", "sweep", str(sweep), "--out", str(ref), "--point", "0",
+                     "--inside"], tmp_path)  # fmt: skip
+    whole = ref / "0000-point.h5"
+    assert np.array_equal(iterate(result), iterate(whole))
+    assert np.array_equal(done.iterations["loss"], load(whole).iterations["loss"])
