@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -303,6 +304,37 @@ def test_generated_two_node_job_runs_across_both_nodes(cluster, tmp_path, launch
     assert after[0] - before[0] >= payload and after[1] - before[1] >= payload
     log = next((folder / "logs").glob("*analysis*.out")).read_text()
     assert "complete" in log and "0000-point.h5" in log and "wrote report" in log, log
+
+
+# -- hpcpipe's own watchdog: a peer that stops answering is named, with its host -----------
+
+
+def test_watchdog_names_the_silent_peer_and_its_host(cluster, tmp_path):
+    """Rank 2 (on n2) stops answering at iteration 3; with --timeout 5 its neighbours stop
+    the run within seconds, each with one line naming the rank and host they wait for,
+    instead of waiting forever; the file keeps its flushed iterations."""
+    out = tmp_path / "silent.h5"
+    p = sh(
+        "mpiexec", "n1,n2", "2", sys.executable, "-m", "hpcpipe", "run", "--problem",
+        "l1-chain", "--depth", "4", "--dim", "8", "--optimizer", "gd", "--iterations", "1000",
+        "--flush-every", "1", "--inject-failure", "2:3:hang", "--timeout", "5",
+        "--progress", "off", "--output", str(out),
+        timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert p.returncode != 0
+    reports = set(
+        re.findall(
+            r"no progress for 5 s: rank (\d) waits for the (\w+) of item \d+ from rank (\d) "
+            r"on (n\d)",
+            p.stderr,
+        )
+    )
+    assert reports, p.stderr[-3000:]
+    # a rank further away may fire first, naming its neighbour: a true report, right host
+    host = {"0": "n1", "1": "n1", "2": "n2", "3": "n2"}
+    assert all(host[peer] == h for _, _, peer, h in reports), reports
+    assert ("1", "gradient", "2", "n2") in reports or ("3", "activation", "2", "n2") in reports
+    assert len(load(out).iterations["iteration"]) >= 2
 
 
 # -- the loss of a node mid-run ----------------------------------------------------------------
