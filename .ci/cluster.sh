@@ -287,7 +287,7 @@ cmd_up() {
     for i in $(seq 1 "$n"); do start_slurmd "n$i"; done
     wait_idle "$n"
   fi
-  log "up: $n nodes${rate:+, links at $rate Mbit/s}$([ $slurm = 1 ] && echo ', Slurm') in $((SECONDS - t0)) s"
+  log "up: $n nodes${rate:+, links limited to $rate (tbf)}$([ $slurm = 1 ] && echo ', Slurm') in $((SECONDS - t0)) s"
 }
 
 cmd_status() {
