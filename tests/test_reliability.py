@@ -3,6 +3,7 @@
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -211,7 +212,8 @@ def test_watchdog_reports_who_waits_for_what():
     )
     assert p.returncode != 0
     reports = re.findall(
-        r"no progress for 2 s: rank (\d+) waits for the (\w+) of item \d+ from rank (\d+)",
+        r"no progress for 2 s: rank (\d+) waits for the (\w+) of item \d+ from rank (\d+) "
+        + f"on {re.escape(socket.gethostname())} ",
         p.stderr,
     )
     assert reports, p.stderr[-3000:]

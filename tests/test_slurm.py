@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcpipe.run.config import ConfigError
 from hpcpipe.run.results import load
 from hpcpipe.studies.jobs import JobOptions, generate
 
@@ -82,6 +83,7 @@ def test_generated_scripts_are_plain_and_portable(tmp_path):
     )
     names = sorted(f.name for f in files)
     assert names == [
+        "README.txt",
         "analysis.sbatch",
         "array-1.sbatch",
         "array-2.sbatch",
@@ -103,9 +105,50 @@ def test_generated_scripts_are_plain_and_portable(tmp_path):
     assert "#SBATCH --partition=batch" in arr and "#SBATCH --account=proj1" in arr
     assert "srun --mpi=pmi2" in arr and '--point "$SLURM_ARRAY_TASK_ID"' in arr
     sub = (tmp_path / "jobs" / "submit.sh").read_text()
-    assert "--dependency=afterok" in sub
+    assert "--dependency=afterany" in sub  # a timed-out (resumable) task still gets a report
     mp = generate(str(sweep), tmp_path / "j2", JobOptions(launcher="mpiexec"))
-    assert any('mpiexec -n "$SLURM_NTASKS"' in f.read_text() for f in mp if f.suffix == ".sbatch")
+    assert any('"$mpiexec" -n 2 ' in f.read_text() for f in mp if f.suffix == ".sbatch")
+
+
+def test_generated_multinode_placement_and_script_fixes(tmp_path):
+    """Placement options go to the arrays only; mpiexec is the one next to the job's Python
+    (never a bare `mpiexec`), the job's task count is kept for the result file, --module and
+    --signal are written, logs/ exists, and the analysis lists every point's state first."""
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(SMALL)
+    opts = JobOptions(
+        nodes=2,
+        tasks_per_node=2,
+        sharing="exclusive",
+        launcher="mpiexec",
+        python="/opt/py/bin/python",
+        modules=("gcc/12.2", "mpich"),
+        signal=120,
+    )
+    folder = tmp_path / "jobs"
+    generate(str(sweep), folder, opts)
+    arr = (folder / "array-2.sbatch").read_text()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --exclusive",
+                 "#SBATCH --signal=B:TERM@120", "module load gcc/12.2\nmodule load mpich",
+                 'export HPCPIPE_SLURM_NTASKS="$SLURM_NTASKS"', '"$mpiexec" -n 2 ',
+                 'HPCPIPE_SLURM_TASKS_PER_NODE="${SLURM_TASKS_PER_NODE:-}"',
+                 "/opt/py/bin/python -c 'import sys; sys.path[:1] = [p for p in sys.path[:1] "
+                 "if p]; from hpcpipe.cli.launch import find_mpiexec",
+                 "mkdir -p logs results"):  # fmt: skip
+        assert line in arr, (line, arr)
+    assert not re.search(r"^\s*mpiexec ", arr, re.M), arr
+    assert subprocess.run(["bash", "-n", str(folder / "array-2.sbatch")]).returncode == 0
+    ana = (folder / "analysis.sbatch").read_text()
+    assert "--nodes" not in ana and "--ntasks-per-node" not in ana and "--exclusive" not in ana
+    assert ana.index("sweep sweep.toml --out results --list") < ana.index("analyze results")
+    assert (folder / "logs").is_dir()
+    srun = generate(str(sweep), tmp_path / "j2", JobOptions(signal=60, sharing="shared"))
+    text = next(f for f in srun if f.name == "array-1.sbatch").read_text()
+    assert "#SBATCH --signal=TERM@60" in text and "#SBATCH --oversubscribe" in text
+    for bad in (JobOptions(modules=("gcc; rm -rf /",)), JobOptions(signal=-1)):
+        with pytest.raises(ConfigError):
+            generate(str(sweep), tmp_path / "bad", bad)
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.parametrize("study", ["depth-mpi", "dimension"])
@@ -113,9 +156,10 @@ def test_shipped_job_folders_are_what_the_generator_writes(study, tmp_path):
     """jobs/slurm/<study> is what `hpcpipe jobs generate` writes for jobs/sweeps/<study>.toml."""
     shipped = HERE.parent / "jobs" / "slurm" / study
     files = generate(str(HERE.parent / "jobs" / "sweeps" / f"{study}.toml"), tmp_path, JobOptions())
-    assert sorted(p.name for p in shipped.iterdir()) == sorted(f.name for f in files)
+    names = sorted(str(f.relative_to(tmp_path)) for f in files)
+    assert sorted(str(p.relative_to(shipped)) for p in shipped.rglob("*") if p.is_file()) == names
     for f in files:
-        assert (shipped / f.name).read_text() == f.read_text(), (
+        assert (shipped / f.relative_to(tmp_path)).read_text() == f.read_text(), (
             f"jobs/slurm/{study}/{f.name} is stale: run "
             f"hpcpipe jobs generate jobs/sweeps/{study}.toml --out jobs/slurm/{study}"
         )

@@ -236,6 +236,7 @@ def transport_row(comm, size: int, iters: int, rounds: int, waiter) -> dict:
 
 COLUMNS = [
     ("bytes", "bytes"),
+    ("pair", "hosts"),
     ("lat_send_recv_us", "Send/Recv lat (us)"),
     ("lat_raw_path", "best raw"),
     ("lat_raw_us", "raw lat (us)"),
@@ -248,25 +249,62 @@ COLUMNS = [
 ]
 
 
+def rank_pairs(comm) -> list[tuple[int, int, str]]:
+    """The rank pairs to measure: (rank 0, partner, ``host0-host1``), shared memory first.
+
+    On 2 ranks, the pair (0, 1). On more ranks: rank 0 with the first other rank on
+    its host (the shared-memory path) and with the first rank on another host (the
+    network path), where such ranks exist.
+    """
+    import socket
+
+    hosts = comm.allgather(socket.gethostname())
+    if comm.size == 2:
+        partners = [1]
+    else:
+        same = [r for r in range(1, comm.size) if hosts[r] == hosts[0]]
+        other = [r for r in range(1, comm.size) if hosts[r] != hosts[0]]
+        partners = same[:1] + other[:1]
+    return [(0, r, f"{hosts[0]}-{hosts[r]}") for r in partners]
+
+
 def bench_transport(
     comm, max_bytes: int, iters: int, wait: str, rounds: int = 5, min_bytes: int = 8
 ) -> int:
+    """Latency and bandwidth of every size, for each pair of ``rank_pairs`` in turn.
+
+    The pair under test has a communicator of its own; the other ranks wait in a
+    barrier (they do not poll: MPI's progress on the pair is not shared).
+    """
+    from mpi4py import MPI
+
     from hpcpipe.pipeline.transport import Waiter
 
-    if comm.size != 2:
+    pairs = rank_pairs(comm)
+    if comm.size != 2 and (comm.size < 3 or len(pairs) < 2):
         if comm.rank == 0:
-            print("bench transport needs exactly 2 ranks (--np 2)")
+            print(
+                "bench transport needs exactly 2 ranks (--np 2), or ranks on two hosts "
+                "with two on the first (e.g. 2 per node on 2 nodes)"
+            )
         return 2
     waiter = Waiter(wait, comm.size)
-    rows = [
-        transport_row(comm, s, iters, rounds, waiter) for s in SIZES if min_bytes <= s <= max_bytes
-    ]
+    rows = []
+    for a, b, label in pairs:
+        sub = comm.Split(0 if comm.rank in (a, b) else MPI.UNDEFINED, 0 if comm.rank == a else 1)
+        if sub != MPI.COMM_NULL:
+            for s in SIZES:
+                if min_bytes <= s <= max_bytes:
+                    rows.append({"pair": label, **transport_row(sub, s, iters, rounds, waiter)})
+            sub.Free()
+        comm.Barrier()
     header(
         comm,
         f"OSU-style loops: latency of {iters} back-to-back round trips (fewer above 64 KiB), "
         f"bandwidth of windows of 64 messages (16 above 1 MiB) with an ack; {rounds} rounds "
         f"alternating the raw paths ({', '.join(RAW_PATHS)}) and the channel (wait policy "
-        f"{waiter.policy}); medians over rounds; ratio = channel / best raw path, per round",
+        f"{waiter.policy}); medians over rounds; ratio = channel / best raw path, per round; "
+        f"pairs: {', '.join(f'ranks {a}-{b} on {label}' for a, b, label in pairs)}",
     )
     return finish(comm, COLUMNS, rows)
 

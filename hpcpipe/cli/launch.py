@@ -52,10 +52,9 @@ def mpiexec_command(n: int, args: list[str], mpiexec: str | None = None) -> list
 # ``python -c SAFE_MAIN ARGS`` runs ``hpcpipe ARGS`` without the working folder on the import
 # path (``python -m`` puts it first, so an ``h5py.py`` there would run in every rank). Python
 # >= 3.11 has ``-P`` for this; the generated batch scripts use SAFE_MAIN, which any Python runs.
-SAFE_MAIN = (
-    "import sys; sys.path[:1] = [p for p in sys.path[:1] if p]; "
-    "from hpcpipe.cli import main; sys.exit(main())"
-)
+SAFE_PATH = "import sys; sys.path[:1] = [p for p in sys.path[:1] if p]; "
+SAFE_MAIN = SAFE_PATH + "from hpcpipe.cli import main; sys.exit(main())"
+FIND_MPIEXEC = "from hpcpipe.cli.launch import find_mpiexec; print(find_mpiexec())"
 
 
 def hpcpipe_args() -> list[str]:

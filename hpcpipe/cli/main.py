@@ -695,6 +695,9 @@ def cmd_jobs(args) -> int:
         python=args.python,
         activate=args.activate,
         overcommit=args.overcommit,
+        sharing=args.sharing,
+        modules=tuple(args.module),
+        signal=args.signal,
     )
     try:
         files = generate(args.sweep, args.out, opts)
@@ -783,6 +786,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--python", default="python3", help="the Python that has hpcpipe")
     s.add_argument("--activate", default="", help="virtual environment to activate in jobs")
     s.add_argument("--overcommit", action="store_true", help="allow more tasks than cores")
+    share = s.add_mutually_exclusive_group()
+    share.add_argument(
+        "--exclusive", dest="sharing", action="store_const", const="exclusive", default="",
+        help="whole nodes for each job",
+    )  # fmt: skip
+    share.add_argument(
+        "--shared", dest="sharing", action="store_const", const="shared",
+        help="nodes shared with other jobs (--oversubscribe)",
+    )  # fmt: skip
+    s.add_argument(
+        "--module", action="append", default=[], help="`module load` this in jobs (repeatable)"
+    )
+    s.add_argument(
+        "--signal", type=int, default=0,
+        help="SIGTERM the ranks this many seconds before the time limit (0: none)",
+    )  # fmt: skip
     s.set_defaults(func=cmd_jobs)
 
     s = sub.add_parser(

@@ -19,6 +19,7 @@ only blocking points are waits on the receive of an action's input.
 from __future__ import annotations
 
 import functools
+import socket
 import time
 from dataclasses import dataclass
 
@@ -118,6 +119,8 @@ class Engine:
         self.layer_time = float(layer_time) * (hi - lo)
         self.spin = spin
         self.waiter = Waiter(wait, self.size, timeout=timeout)
+        # with the watchdog, its report names the peer's host too (a lost node shows by name)
+        self.hosts: list[str] = comm.allgather(socket.gethostname()) if timeout > 0 else []
         if costs is not None and len(costs.t_forward) != spec.depth:
             raise ValueError(
                 f"the cost model covers {len(costs.t_forward)} blocks, the model has "
@@ -338,7 +341,7 @@ class Engine:
                 waiter.wait(
                     req,
                     f"rank {self.rank} waits for the {what} of item {i} from rank {peer} "
-                    f"(call {call})",
+                    f"on {self.hosts[peer]} (call {call})",
                 )
             else:
                 waiter.wait(req)

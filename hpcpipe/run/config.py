@@ -100,6 +100,18 @@ class RunConfig:
     layer_time: float = setting(
         0.0, "emulated compute per layer and action, in seconds (0: none)", PIPELINE
     )
+    alpha_intra: float = setting(
+        0.0, "wall-clock prediction: latency (s) of a message inside a node", PIPELINE
+    )
+    beta_intra: float = setting(
+        0.0, "wall-clock prediction: seconds per byte of a message inside a node", PIPELINE
+    )
+    alpha_inter: float = setting(
+        0.0, "wall-clock prediction: latency (s) of a message between nodes", PIPELINE
+    )
+    beta_inter: float = setting(
+        0.0, "wall-clock prediction: seconds per byte of a message between nodes", PIPELINE
+    )
     wait: str = setting("auto", "how a rank waits for a message", PIPELINE)
     eval_every: int = setting(1, "exact f(theta_t) every N iterations (0: never)", STOPPING)
     diverge_factor: float = setting(
@@ -343,6 +355,10 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
         "alpha",
         "beta",
         "layer_time",
+        "alpha_intra",
+        "beta_intra",
+        "alpha_inter",
+        "beta_inter",
         "radius",
         "timeout",
     ):

@@ -8,7 +8,7 @@ files, whose optimizer state was only theta/prev, are read and resumed too):
 
     /                      attrs: schema_version, status, config (JSON), config.<key>,
                            method (JSON), problem (JSON), versions, command, n_ranks,
-                           hosts (JSON), start_time, end_time, clock
+                           hosts (JSON), rank_hosts (JSON), start_time, end_time, clock
     /iterations/<column>   float64 (N,), one dataset per column of runner.Row
     /timeline/<field>      (E,) per recorded action: iteration, rank, stage, kind
                            (0 = F, 1 = B), item (int64); wait, start, end (float64,
@@ -73,7 +73,13 @@ def slurm_provenance() -> dict:
         "SLURM_TASKS_PER_NODE",
         "SLURM_CPUS_PER_TASK",
     )
-    return {k: os.environ[k] for k in keys if k in os.environ}
+    out = {k: os.environ[k] for k in keys if k in os.environ}
+    # under mpiexec in a batch job, the ranks see the task layout of hydra's own step (one
+    # proxy per node): the job script keeps the job's in HPCPIPE_SLURM_<KEY>
+    for k in ("SLURM_NTASKS", "SLURM_TASKS_PER_NODE"):
+        if k in out and os.environ.get(f"HPCPIPE_{k}"):
+            out[k] = os.environ[f"HPCPIPE_{k}"]
+    return out
 
 
 class LockedError(ResultsError):

@@ -160,6 +160,7 @@ class Run:
         self.rows: list[Row] = []
         self.flushed = 0
         self.writer = None
+        self.hosts: list[str] | None = None  # each rank's host (rank 0, with an output)
         self.extra: dict = {}
         self.red = np.zeros(3)
         if cfg.stop_at_epsilon and prob.f_star is None:
@@ -184,6 +185,8 @@ class Run:
         open it is raised on every rank. ``overrides``: settings changed on a resume."""
         if not self.cfg.output:
             return
+        # the placement: host of each rank (rank 0), for the file and the prediction
+        self.hosts = self.comm.gather(socket.gethostname(), root=0)
         if resume is not None:
             layout = checkpoint.layout(self.state)
             last = self.tally.next - 1
@@ -323,7 +326,7 @@ class Run:
                 # oracle calls, resumed ones too
                 done = self.rows[-1].iteration if self.rows else tally.next - 1
                 figures = derived_figures(
-                    cfg, self.eng, summary, tally.mtime, done, self.prob.depth
+                    cfg, self.eng, summary, tally.mtime, done, self.prob.depth, self.hosts
                 )
                 info = {"info": json.dumps(self.extra), "figures": json.dumps(figures)}
                 self.writer.close(status, info)
@@ -395,13 +398,17 @@ def derived_figures(
     pipeline_time: float,
     iterations: int,
     depth: int,
+    hosts: list[str] | None = None,
 ) -> dict:
     """Per-run figures: bubble fraction and, with emulated layers, efficiency.
 
     bubble fraction = 1 − Σ_s busy_s / (S · total pipeline time); with
     ``layer_time`` > 0 the model's prediction is the simulator's makespan of
-    the schedule with t_F = t_B = layer_time per layer (no message cost) per
-    iteration, and efficiency = prediction / measured pipeline time.
+    the schedule with t_F = t_B = layer_time per layer per iteration, and
+    efficiency = prediction / measured pipeline time. Messages cost
+    α_intra + n·β_intra on hops inside a node and α_inter + n·β_inter on hops
+    between nodes (``placement``; ``hosts``: the host of each rank; all 0 by
+    default: no message cost).
     """
     from hpcpipe.pipeline.simulator import simulate, stage_times
 
@@ -414,11 +421,33 @@ def derived_figures(
     }
     if cfg.layer_time > 0 and iterations > 0:
         tf, tb = stage_times(CostModel.uniform(depth, cfg.layer_time), depth, S)
-        per = simulate(eng.schedule, tf, tb).makespan
+        per = simulate(eng.schedule, tf, tb, _hop_costs(cfg, eng, hosts)).makespan
         out["predicted_pipeline_time"] = per * iterations
         if cfg.clock == "wall":
             out["efficiency"] = per * iterations / pipeline_time
     return out
+
+
+def _hop_costs(cfg: RunConfig, eng: Executor, hosts: list[str] | None):
+    """Per-(boundary, item) message costs of the wall-clock prediction (``placement``).
+
+    None (no message cost) when every α, β is 0. The MPI engine runs stage s on
+    rank s; the simulated executor runs every stage in one process (one host).
+    """
+    from hpcpipe.model.stages import partition
+    from hpcpipe.pipeline.placement import LinkCosts, crossings, hop_costs
+
+    links = LinkCosts(cfg.alpha_intra, cfg.beta_intra, cfg.alpha_inter, cfg.beta_inter)
+    spec = getattr(eng, "spec", None)
+    if links.zero or spec is None:
+        return None
+    S = eng.schedule.n_stages
+    dims = spec.dims()
+    widths = [dims[hi] for _, hi in partition(spec.depth, S)[:-1]]
+    rows = [b - a for a, b in eng.rows]
+    item_rows = [rows[i % len(rows)] for i in range(eng.schedule.n_items)]
+    placed = hosts if hosts is not None and cfg.executor == "mpi" else [""] * S
+    return hop_costs(links, crossings(placed, S), widths, item_rows)
 
 
 def _injection(spec: str) -> tuple[int, int, str] | None:
@@ -469,9 +498,9 @@ def _reopen_writer(path: str, comm, last_iteration: int, overrides: dict | None,
 def _open_writer(cfg: RunConfig, comm, prob: Problem, opt: Optimizer, T: int, run: Run):
     from hpcpipe.run.results import Writer
 
-    hosts = comm.gather(socket.gethostname(), root=0)
     if comm.rank != 0:
         return None
+    hosts = run.hosts
     entry = PROBLEMS.get(cfg.problem)
     attrs = {
         "config": cfg.to_json(),
@@ -488,6 +517,7 @@ def _open_writer(cfg: RunConfig, comm, prob: Problem, opt: Optimizer, T: int, ru
         ),
         "n_ranks": comm.size,
         "hosts": sorted(set(hosts)),
+        "rank_hosts": json.dumps(hosts),  # placement: the host of rank r at index r
         "clock": cfg.clock,
         "executor": cfg.executor,
         "n_stages": run.eng.schedule.n_stages,

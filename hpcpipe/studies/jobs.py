@@ -6,12 +6,15 @@
 * ``array-R.sbatch``   one job array per distinct rank count R, whose tasks run
                        the grid points needing R ranks (``SLURM_ARRAY_TASK_ID`` is the
                        point index), each asking for R tasks;
-* ``analysis.sbatch``  the report, run after every array succeeded;
+* ``analysis.sbatch``  the state of every point, then the report, run once every
+                       array task has ended (a task stopped at its time limit included);
 * ``submit.sh``        submits the arrays, then the analysis with
-                       ``--dependency=afterok:<arrays>``.
+                       ``--dependency=afterany:<arrays>``.
 
 Everything is relative to DIR (results in ``DIR/results``, logs in ``DIR/logs``,
 the report in ``DIR/report``), so the folder can be copied to a cluster as is.
+Slurm opens a job's ``--output`` file before its script runs, so ``logs/`` is made
+when the folder is written (and by ``submit.sh``, and by each script for the next).
 Re-running ``submit.sh`` skips complete points and resumes incomplete ones.
 """
 
@@ -24,7 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcpipe.cli.launch import SAFE_MAIN
+from hpcpipe.cli.launch import FIND_MPIEXEC, SAFE_MAIN, SAFE_PATH
 from hpcpipe.run.config import ConfigError
 from hpcpipe.studies.sweep import Sweep, load_sweep, write_grid
 
@@ -47,6 +50,8 @@ SYNTAX = {
     "account": (_NAME, "an account name (letters, digits, _ . -)"),
     "mpi": (re.compile(r"[A-Za-z0-9_]{1,32}"), "an srun --mpi plugin type, e.g. pmi2, pmix"),
 }
+_MODULE = re.compile(r"[A-Za-z0-9_.+-]{1,128}(?:/[A-Za-z0-9_.+-]{1,128}){0,4}")
+SHARING = ("", "exclusive", "shared")
 
 
 @dataclass
@@ -61,6 +66,9 @@ class JobOptions:
     python: str = "python3"
     activate: str = ""  # a virtual environment to activate in the job
     overcommit: bool = False  # more tasks than cores (small test clusters)
+    sharing: str = ""  # "exclusive": whole nodes; "shared": nodes shared with other jobs
+    modules: tuple[str, ...] = ()  # `module load` in every script, in order
+    signal: int = 0  # seconds before the time limit at which the ranks get SIGTERM (0: none)
 
 
 def check_options(opts: JobOptions) -> None:
@@ -76,6 +84,17 @@ def check_options(opts: JobOptions) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1_000_000:
             flag = "--" + name.replace("_", "-").replace("tasks", "ntasks")
             raise ConfigError(f"{flag} {value!r}: expected a whole number >= 0 (0: unset)")
+    if opts.sharing not in SHARING:
+        raise ConfigError(f"--{opts.sharing!r}: choose --exclusive or --shared")
+    for module in opts.modules:
+        if not _MODULE.fullmatch(module):
+            raise ConfigError(
+                f"--module {module!r}: a module name such as gcc/12.2 (letters, digits, "
+                "_ . + -, parts separated by /)"
+            )
+    s = opts.signal
+    if not isinstance(s, int) or isinstance(s, bool) or not 0 <= s <= 65535:
+        raise ConfigError(f"--signal {s!r}: seconds before the time limit, 0..65535 (0: none)")
     for name in ("python", "activate"):  # shlex.quote'd; a control character is refused
         value = getattr(opts, name)
         if any(ord(c) < 32 or ord(c) == 127 for c in value) or (name == "python" and not value):
@@ -84,7 +103,8 @@ def check_options(opts: JobOptions) -> None:
             )
 
 
-def _header(name: str, opts: JobOptions, extra: list[str]) -> list[str]:
+def _header(name: str, opts: JobOptions, extra: list[str], placed: bool = True) -> list[str]:
+    """#SBATCH lines; ``placed``: the MPI job's placement (nodes, tasks per node, sharing)."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", name):  # sweep names are checked on load
         raise ConfigError(f"job name {name!r}: letters, digits, _ . - only")
     lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --time={opts.time}"]
@@ -92,17 +112,22 @@ def _header(name: str, opts: JobOptions, extra: list[str]) -> list[str]:
         lines.append(f"#SBATCH --partition={opts.partition}")
     if opts.account:
         lines.append(f"#SBATCH --account={opts.account}")
-    if opts.nodes:
+    if placed and opts.nodes:
         lines.append(f"#SBATCH --nodes={opts.nodes}")
-    if opts.tasks_per_node:
+    if placed and opts.tasks_per_node:
         lines.append(f"#SBATCH --ntasks-per-node={opts.tasks_per_node}")
+    if placed and opts.sharing == "exclusive":
+        lines.append("#SBATCH --exclusive")
+    if placed and opts.sharing == "shared":
+        lines.append("#SBATCH --oversubscribe")
     if opts.overcommit:
         lines.append("#SBATCH --overcommit")
     return lines + [f"#SBATCH {e}" for e in extra]
 
 
 def _prologue(opts: JobOptions) -> list[str]:
-    lines = ["set -euo pipefail", 'cd "${SLURM_SUBMIT_DIR:-$(pwd)}"']
+    lines = ["set -euo pipefail", 'cd "${SLURM_SUBMIT_DIR:-$(pwd)}"', "mkdir -p logs results"]
+    lines += [f"module load {m}" for m in opts.modules]
     if opts.activate:
         lines.append(f". {shlex.quote(opts.activate)}/bin/activate")
     lines += [
@@ -117,20 +142,38 @@ def _prologue(opts: JobOptions) -> list[str]:
 
 
 def array_script(sweep: Sweep, ranks: int, indices: list[int], opts: JobOptions) -> str:
+    py = shlex.quote(opts.python)
     run = '"${hpcpipe[@]}" sweep sweep.toml --out results --point "$SLURM_ARRAY_TASK_ID" --inside'
+    extra = [
+        f"--array={','.join(map(str, indices))}",
+        f"--ntasks={ranks}",
+        "--output=logs/%x-%A_%a.out",
+    ]
     if opts.launcher == "srun":
-        launch = f"srun --mpi={opts.mpi} {run}"
+        if opts.signal:  # to every job step: srun passes it on to the ranks
+            extra.append(f"--signal=TERM@{opts.signal}")
+        launch = [f"srun --mpi={opts.mpi} {run}"]
     else:
-        launch = f'mpiexec -n "$SLURM_NTASKS" {run}'
-    lines = _header(
-        f"hpcpipe-{sweep.name}-r{ranks}",
-        opts,
-        [
-            f"--array={','.join(map(str, indices))}",
-            f"--ntasks={ranks}",
-            "--output=logs/%x-%A_%a.out",
-        ],
-    )
+        if opts.signal:  # to the batch shell, which passes it on to mpiexec (below)
+            extra.append(f"--signal=B:TERM@{opts.signal}")
+        # the mpiexec next to the Python that has hpcpipe (a venv's, the wheel's), else PATH's;
+        # hydra's proxies see the task layout of their own step (one task per node): the
+        # job's is kept for the result file
+        launch = [
+            f"mpiexec=$({py} -c {shlex.quote(SAFE_PATH + FIND_MPIEXEC)})",
+            'export HPCPIPE_SLURM_NTASKS="$SLURM_NTASKS"'
+            ' HPCPIPE_SLURM_TASKS_PER_NODE="${SLURM_TASKS_PER_NODE:-}"',
+            f'"$mpiexec" -n {ranks} {run} &',
+            "pid=$!",
+            "trap 'kill -TERM \"$pid\" 2>/dev/null' TERM",
+            'wait "$pid" && status=0 || status=$?',
+            "# after SIGTERM: wait again while the ranks flush, and keep mpiexec's status",
+            'if [ "$status" -gt 128 ] && kill -0 "$pid" 2>/dev/null; then',
+            '  wait "$pid" && status=0 || status=$?',
+            "fi",
+            'exit "$status"',
+        ]
+    lines = _header(f"hpcpipe-{sweep.name}-r{ranks}", opts, extra)
     lines += [
         f"# generated by `hpcpipe jobs generate` from {Path(sweep.source).name}:",
         f"# {len(indices)} grid points of {ranks} ranks each (see grid.json)",
@@ -139,7 +182,7 @@ def array_script(sweep: Sweep, ranks: int, indices: list[int], opts: JobOptions)
     lines += [
         "# SIGTERM (time limit, scancel) reaches the ranks: they flush the point's HDF5",
         "# file, mark it incomplete and exit 143; submitting again resumes it.",
-        launch,
+        *launch,
         "",
     ]
     return "\n".join(lines)
@@ -147,14 +190,22 @@ def array_script(sweep: Sweep, ranks: int, indices: list[int], opts: JobOptions)
 
 def analysis_script(sweep: Sweep, opts: JobOptions) -> str:
     lines = _header(
-        f"hpcpipe-{sweep.name}-analysis", opts, ["--ntasks=1", "--output=logs/%x-%j.out"]
+        f"hpcpipe-{sweep.name}-analysis",
+        opts,
+        ["--ntasks=1", "--output=logs/%x-%j.out"],
+        placed=False,
     )
     lines += [
         "# generated by `hpcpipe jobs generate`: the report of the sweep, once every",
-        "# array task succeeded (submit.sh sets --dependency=afterok).",
+        "# array task has ended (submit.sh sets --dependency=afterany): first the state",
+        "# of every point (complete, incomplete: resubmit to resume, failed, missing).",
     ]
     lines += _prologue(opts)
-    lines += ['"${hpcpipe[@]}" analyze results -o report', ""]
+    lines += [
+        '"${hpcpipe[@]}" sweep sweep.toml --out results --list',
+        '"${hpcpipe[@]}" analyze results -o report',
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -170,9 +221,14 @@ for script in {scripts}; do
   echo "submitted $script as job ${{id%%;*}}"
 done
 dep=$(IFS=:; echo "${{ids[*]}}")
-aid=$(sbatch --parsable --dependency=afterok:"$dep" analysis.sbatch)
+aid=$(sbatch --parsable --dependency=afterany:"$dep" analysis.sbatch)
 echo "submitted analysis.sbatch as job ${{aid%%;*}} (after $dep)"
 echo "${{ids[*]}} ${{aid%%;*}}" > submitted.txt
+"""
+
+
+LOGS = """The jobs' output (#SBATCH --output=logs/...). Slurm opens it before a job's script
+runs, so this folder must exist when a script is submitted, by submit.sh or by hand.
 """
 
 
@@ -203,6 +259,11 @@ def generate(sweep_path: str, out: str | Path, opts: JobOptions) -> list[Path]:
         files.append(f)
     f = out / "analysis.sbatch"
     f.write_text(analysis_script(sweep, opts))
+    files.append(f)
+    # Slurm opens --output=logs/... before a script runs: the folder ships with the scripts
+    f = out / "logs" / "README.txt"
+    f.parent.mkdir(exist_ok=True)
+    f.write_text(LOGS)
     files.append(f)
     f = out / "submit.sh"
     f.write_text(SUBMIT.format(scripts=" ".join(scripts)))

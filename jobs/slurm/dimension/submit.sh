@@ -10,6 +10,6 @@ for script in array-1.sbatch; do
   echo "submitted $script as job ${id%%;*}"
 done
 dep=$(IFS=:; echo "${ids[*]}")
-aid=$(sbatch --parsable --dependency=afterok:"$dep" analysis.sbatch)
+aid=$(sbatch --parsable --dependency=afterany:"$dep" analysis.sbatch)
 echo "submitted analysis.sbatch as job ${aid%%;*} (after $dep)"
 echo "${ids[*]} ${aid%%;*}" > submitted.txt
