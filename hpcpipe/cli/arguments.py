@@ -42,6 +42,17 @@ def schedule_argument() -> dict[str, Any]:
     return registry_argument(SCHEDULES)
 
 
+def add_schedule_arguments(parser: argparse.ArgumentParser, dest: str) -> None:
+    """A schedule (positional ``dest``) and its size: ``--stages`` S and ``--items`` n."""
+    parser.add_argument(
+        dest,
+        help="the schedule (a registered name or package.module:builder)",
+        **schedule_argument(),
+    )
+    parser.add_argument("--stages", type=int, default=4, help="pipeline stages S (default 4)")
+    parser.add_argument("--items", type=int, default=8, help="work items n per call (default 8)")
+
+
 def ranks_option(text: str) -> int:
     """``--np``: a whole number of ranks >= 1 in ASCII digits (argparse exits 2 otherwise)."""
     if not re.fullmatch(r"\s*[0-9]{1,7}\s*", text) or int(text) < 1:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hpcpipe.cli.arguments import schedule_argument
+from hpcpipe.cli.arguments import add_schedule_arguments
 
 NAME = "schedule"
 HELP = "print a schedule's per-stage action table"
@@ -15,13 +15,7 @@ DESCRIPTION = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "kind",
-        help="the schedule (a registered name or package.module:builder)",
-        **schedule_argument(),
-    )
-    parser.add_argument("--stages", type=int, default=4, help="pipeline stages S (default 4)")
-    parser.add_argument("--items", type=int, default=8, help="work items n per call (default 8)")
+    add_schedule_arguments(parser, "kind")
     parser.add_argument("--width", type=int, default=None, help="at most this many actions per row")
 
 

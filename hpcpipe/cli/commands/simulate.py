@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hpcpipe.cli.arguments import schedule_argument
+from hpcpipe.cli.arguments import add_schedule_arguments
 from hpcpipe.cli.files import output_error
 
 NAME = "simulate"
@@ -17,13 +17,7 @@ DESCRIPTION = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "schedule",
-        help="the schedule (a registered name or package.module:builder)",
-        **schedule_argument(),
-    )
-    parser.add_argument("--stages", type=int, default=4, help="pipeline stages S (default 4)")
-    parser.add_argument("--items", type=int, default=8, help="work items n per call (default 8)")
+    add_schedule_arguments(parser, "schedule")
     parser.add_argument(
         "--t-forward", type=float, default=1.0, help="cost of a forward action (default 1)"
     )
