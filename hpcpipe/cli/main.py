@@ -43,6 +43,14 @@ class CommandParser(argparse.ArgumentParser):
         self.ready()
         return super().parse_known_args(args, namespace)
 
+    def format_help(self) -> str:
+        self.ready()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self.ready()
+        return super().format_usage()
+
 
 def build_parser(
     lazy: bool = False, names: tuple[str, ...] | None = None
