@@ -52,9 +52,7 @@ class CommandParser(argparse.ArgumentParser):
         return super().format_usage()
 
 
-def build_parser(
-    lazy: bool = False, names: tuple[str, ...] | None = None
-) -> argparse.ArgumentParser:
+def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     """The ``hpcpipe`` parser: one sub-parser per registered command, in registration order.
 
     With ``lazy`` a command's options are added only when it is parsed (``main``);
@@ -63,7 +61,7 @@ def build_parser(
     p = argparse.ArgumentParser(prog="hpcpipe", description=DESCRIPTION)
     p.add_argument("--version", action="version", version=f"hpcpipe {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=CommandParser)
-    for module in commands.modules(names):
+    for module in commands.modules():
         s = sub.add_parser(
             module.NAME,
             help=module.HELP,

@@ -58,6 +58,6 @@ def load(name: str) -> ModuleType:
     return module
 
 
-def modules(names: tuple[str, ...] | None = None) -> list[ModuleType]:
+def modules() -> list[ModuleType]:
     """The registered command modules, in ``COMMANDS`` order (read when called)."""
-    return [load(n) for n in (COMMANDS if names is None else names)]
+    return [load(n) for n in COMMANDS]
