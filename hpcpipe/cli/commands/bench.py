@@ -26,7 +26,7 @@ DESCRIPTION = "Benchmark cases that print figures; each case has its own --help.
 class Case:
     """One benchmark case: its help line, its options and how it runs.
 
-    ``ranks`` > 0: the case runs on that many MPI ranks by default (``--np``), and
+    ``ranks`` > 0: the case runs on ``--np`` MPI ranks (default ``ranks``), and
     ``run(args, comm)`` is called on every rank; ``ranks`` = 0: ``run(args, None)``
     runs in this process without MPI. ``ready`` says, before any launch, why the
     case cannot run (a missing package), or None.
@@ -37,12 +37,6 @@ class Case:
     run: Callable[[argparse.Namespace, object], int]
     ranks: int = 0
     ready: Callable[[], str | None] = lambda: None
-
-
-def _np(parser: argparse.ArgumentParser, default: int) -> None:
-    parser.add_argument(
-        "--np", type=ranks_option, default=default, help=f"ranks (default {default})"
-    )
 
 
 def _repeats(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +68,6 @@ def _step_sizes(parser: argparse.ArgumentParser) -> None:
 
 
 def _pipeline_options(parser: argparse.ArgumentParser) -> None:
-    _np(parser, 4)
     parser.add_argument(
         "--depth", default="", help="comma-separated depths (>= ranks; default ranks)"
     )
@@ -106,7 +99,6 @@ def _pipeline(args: argparse.Namespace, comm) -> int:
 
 
 def _dense_options(parser: argparse.ArgumentParser) -> None:
-    _np(parser, 2)
     _step_sizes(parser)
     _repeats(parser)
 
@@ -120,7 +112,6 @@ def _dense(args: argparse.Namespace, comm) -> int:
 
 
 def _transport_options(parser: argparse.ArgumentParser) -> None:
-    _np(parser, 2)
     parser.add_argument(
         "--max-bytes",
         type=int,
@@ -173,7 +164,6 @@ def _study(args: argparse.Namespace, comm) -> int:
 
 
 def _peer_options(parser: argparse.ArgumentParser) -> None:
-    _np(parser, 2)
     _step_sizes(parser)
     _repeats(parser)
     parser.add_argument(
@@ -238,7 +228,12 @@ CASES: dict[str, Case] = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     cases = parser.add_subparsers(dest="case", required=True, metavar="CASE")
     for name, case in CASES.items():
-        case.add_arguments(cases.add_parser(name, help=case.help, description=case.help))
+        p = cases.add_parser(name, help=case.help, description=case.help)
+        if case.ranks:
+            p.add_argument(
+                "--np", type=ranks_option, default=case.ranks, help=f"ranks (default {case.ranks})"
+            )
+        case.add_arguments(p)
 
 
 def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
