@@ -8,7 +8,6 @@ traceback.
 """
 
 import os
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -142,7 +141,14 @@ def test_sweep_refusals(tmp_path, capsys, head, message):
     assert rc == 2 and message in err and "Traceback" not in err, err
 
 
-def test_output_paths_refused_up_front(tmp_path, capsys):
+def test_output_paths_refused_up_front(tmp_path, capsys, monkeypatch):
+    launches = []  # every refusal must come before mpiexec is started
+    monkeypatch.setattr(
+        "hpcpipe.cli.commands.run.relaunch", lambda np_, argv: launches.append(argv) or 0
+    )
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     (tmp_path / "afile").write_text("x")
     os.symlink(tmp_path / "nowhere.h5", tmp_path / "dangling.h5")
     os.symlink(tmp_path / "nowhere", tmp_path / "dlink")
@@ -161,7 +167,8 @@ def test_output_paths_refused_up_front(tmp_path, capsys):
         rc = main(["run", "--np", "2", "--depth", "2", "--output", str(path)])
         err = capsys.readouterr().err
         assert rc == 2 and message in err, err
-    assert not Path("runs").exists() or True  # nothing is launched: rc 2 came before mpiexec
+    assert launches == []  # nothing is launched: rc 2 came before mpiexec
+    assert list(cwd.iterdir()) == []  # and nothing was written (no runs/ folder)
     make_config({"output": str(tmp_path / "new" / "deeper" / "r.h5")})  # made when it runs
 
 

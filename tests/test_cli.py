@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hpcpipe.cli.main import _overrides
+from hpcpipe.cli.settings import overrides as _overrides
 from hpcpipe.run.config import ConfigError, load
 from hpcpipe.run.results import load as load_result
 

@@ -6,7 +6,9 @@ import re
 
 import pytest
 
-from hpcpipe.cli.main import DEFAULT_OUTPUT, _default_output, build_parser, main
+from hpcpipe.cli.commands.run import DEFAULT_OUTPUT
+from hpcpipe.cli.commands.run import default_output as _default_output
+from hpcpipe.cli.main import build_parser, main
 from hpcpipe.run.config import GROUPS, RunConfig
 
 

@@ -1,4 +1,9 @@
-"""Finding and calling the MPI launcher (mpiexec) for self-launching commands."""
+"""Finding and calling the MPI launcher (mpiexec) for self-launching commands.
+
+A command given ``--np P`` runs itself again under ``mpiexec -n P`` (``relaunch``);
+in the ranks, ``under_mpi`` runs its body and turns a failure on any rank into the
+whole job's end.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 class LauncherError(RuntimeError):
@@ -142,3 +149,92 @@ def watch_launcher(poll: float = 0.5, grace: float = 60.0) -> None:
         os._exit(143)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+# Set in the ranks of a self-launched command: they run the command's body, not a launch.
+INSIDE = "HPCPIPE_INSIDE_MPI"
+
+
+def inside_mpi() -> bool:
+    """True in the ranks that ``relaunch`` started (the environment says so)."""
+    return bool(os.environ.get(INSIDE))
+
+
+def strip_np(argv: list[str]) -> list[str]:
+    """``argv`` without ``--np N`` / ``--np=N``: the relaunched ranks must not launch again."""
+    out, skip = [], False
+    for w in argv:
+        if skip:
+            skip = False
+            continue
+        if w == "--np":
+            skip = True
+            continue
+        if w.startswith("--np="):
+            continue
+        out.append(w)
+    return out
+
+
+def relaunch(np_: int, argv: list[str]) -> int:
+    """Run ``python -m hpcpipe argv`` again under ``mpiexec -n np_`` and return its exit code.
+
+    The ranks see ``INSIDE`` and the launcher's identity in their environment. If this
+    launcher is killed (even by SIGKILL), mpiexec gets SIGTERM and the ranks, which
+    also watch this process, flush their results and stop; SIGTERM and SIGINT sent to
+    the launcher are passed on to mpiexec.
+    """
+    import signal
+
+    try:
+        cmd = mpiexec_command(np_, [*hpcpipe_args(), *argv])
+    except LauncherError as e:
+        print(f"hpcpipe: {e}", file=sys.stderr)
+        return 2
+    env = dict(os.environ, **{INSIDE: "1", LAUNCHER_PID: launcher_identity()})
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent(os.getpid()))
+
+    def forward(signum, frame):  # SIGTERM / SIGINT reach mpiexec, which passes them on
+        proc.send_signal(signum)
+
+    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def under_mpi(func: Callable[[Any], int]) -> int:
+    """Run ``func(comm)`` on every rank of COMM_WORLD; an exception on any rank aborts the job.
+
+    The failing rank prints its error and traceback, then ``MPI_Abort`` brings the
+    other ranks down, so that no rank waits forever on a peer that has gone.
+    """
+    import traceback
+
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    watch_launcher()
+    try:
+        return func(comm)
+    except BaseException as e:  # noqa: BLE001 - any failure must bring the job down
+        if isinstance(e, SystemExit) and not e.code:
+            raise
+        from hpcpipe.optional import MissingExtra
+
+        if isinstance(e, MissingExtra):  # one line naming the extra, then the job stops
+            sys.stderr.write(f"hpcpipe: {e}\n")
+            sys.stderr.flush()
+            if comm.size > 1:
+                comm.Abort(2)
+            return 2
+        tb = traceback.format_exc()
+        sys.stderr.write(f"hpcpipe: rank {comm.rank} of {comm.size} failed: {e!r}\n{tb}")
+        sys.stderr.flush()
+        if comm.size > 1:
+            comm.Abort(1)
+        return 1

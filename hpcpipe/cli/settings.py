@@ -60,3 +60,33 @@ def given(args: argparse.Namespace) -> list[str]:
         for f in keys()
         if hasattr(args, "setting_" + f.name)
     ]
+
+
+def overrides(extra: list[str]) -> list[str]:
+    """``--key value`` / ``--key=value`` / ``key=value`` words into ``key=value`` items.
+
+    The settings' own options are parsed by argparse; what is left here is an
+    unknown ``--key``, which stops with the config error naming the closest key.
+    """
+    from hpcpipe.run.config import FIELDS, unknown_key
+
+    out, i = [], 0
+    while i < len(extra):
+        w = extra[i]
+        if w.startswith("--"):
+            w = w[2:]
+            if w.split("=", 1)[0].replace("-", "_") not in FIELDS:
+                raise unknown_key(w.split("=", 1)[0])
+            if "=" not in w:
+                if i + 1 >= len(extra):
+                    raise SystemExit(f"hpcpipe: option --{w} needs a value")
+                w = f"{w}={extra[i + 1]}"
+                i += 1
+        out.append(w)
+        i += 1
+    return out
+
+
+def items(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """Every setting of the command line as ``key=value``: the options, then the extra words."""
+    return given(args) + overrides(extra)

@@ -291,6 +291,18 @@ def check_output(cfg: RunConfig) -> None:
 _check_output = check_output
 
 
+def refuse_recorded_code(values: dict, given: dict, path: str, trusted: bool) -> None:
+    """A ``package.module:attribute`` that a file records (``values``) is imported only when
+    the user names it again on the command line (``given``) or trusts the file; call this
+    before anything resolves the names (``make_config`` does)."""
+    from hpcpipe.registry import is_reference, untrusted_message
+
+    for key, registry in REGISTRIES.items():
+        name = values.get(key)
+        if is_reference(name) and not trusted and given.get(key) != name:
+            raise ConfigError(untrusted_message(registry.what, name, path))
+
+
 def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = True) -> None:
     """All checks that can be made before any rank starts work."""
     for name, options in CHOICES.items():
