@@ -22,3 +22,7 @@ def need(cond: bool, field: str, value, allowed: str) -> None:
 
 class ResultsError(ValueError):
     """A file that is not a readable hpcpipe result."""
+
+
+class InjectedFailure(RuntimeError):
+    """The failure a run was asked to raise (``inject_failure``), to test recovery."""

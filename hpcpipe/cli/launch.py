@@ -232,8 +232,10 @@ def under_mpi(func: Callable[[Any], int]) -> int:
             if comm.size > 1:
                 comm.Abort(2)
             return 2
-        tb = traceback.format_exc()
-        sys.stderr.write(f"hpcpipe: rank {comm.rank} of {comm.size} failed: {e!r}\n{tb}")
+        from hpcpipe.cli.failures import debug, describe
+
+        tb = traceback.format_exc() if debug() else ""
+        sys.stderr.write(f"hpcpipe: rank {comm.rank} of {comm.size} failed: {describe(e)}\n{tb}")
         sys.stderr.flush()
         if comm.size > 1:
             comm.Abort(1)

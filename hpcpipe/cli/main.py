@@ -60,6 +60,11 @@ def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
     """
     p = argparse.ArgumentParser(prog="hpcpipe", description=DESCRIPTION)
     p.add_argument("--version", action="version", version=f"hpcpipe {__version__}")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="show Python tracebacks (for bug reports; same as HPCPIPE_DEBUG=1)",
+    )
     sub = p.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     for module in commands.modules():
         s = sub.add_parser(
@@ -91,9 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     if not inside_mpi():  # the relaunched ranks inherit it; results store it
         os.environ[COMMAND] = typed_command(argv)
     args, extra = build_parser(lazy=True).parse_known_args(argv)
+    if args.debug:  # the ranks a command launches inherit it
+        os.environ["HPCPIPE_DEBUG"] = "1"
     module = {m.NAME: m for m in commands.modules()}[args.command]
     if extra and not getattr(module, "TAKES_EXTRA", False):
         raise SystemExit(f"hpcpipe {args.command}: unrecognised arguments {' '.join(extra)}")
+    from hpcpipe.cli.failures import debug, describe
+    from hpcpipe.errors import ConfigError, ResultsError
     from hpcpipe.optional import MissingExtra
 
     try:
@@ -101,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     except MissingExtra as e:  # one line naming the extra to install, no traceback
         print(f"hpcpipe {args.command}: {e}", file=sys.stderr)
         return 2
+    except (OSError, ConfigError, ResultsError) as e:  # a user's input or the machine
+        if debug():
+            raise
+        print(f"hpcpipe {args.command}: {describe(e)}", file=sys.stderr)
+        return 2 if isinstance(e, (ConfigError, ResultsError)) else 1
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
+from hpcpipe.errors import InjectedFailure
 from hpcpipe.model.stages import clear_block_cache, stage_offsets
 from hpcpipe.optim import OPTIMIZERS, Optimizer, OptState
 from hpcpipe.optim.methods import theory_plan
@@ -342,7 +343,7 @@ class Run:
         if self.inject is not None and self.inject[:2] == (self.comm.rank, it):
             if self.inject[2] == "hang":  # stop making progress: the others' watchdog must fire
                 time.sleep(3600)
-            raise RuntimeError(
+            raise InjectedFailure(
                 f"injected failure on rank {self.comm.rank} at iteration {it} "
                 "(config inject_failure)"
             )
