@@ -94,6 +94,8 @@ def restore(
             f"stages; this run has {offsets[-1]} on {n_stages}"
         )
     r = comm.rank
+    if int(got.scalars[0]) == 1:  # killed before its first save: start from the beginning
+        return state
     out: OptState = {k: got.arrays[k][offsets[r] : offsets[r + 1]].copy() for k in arrays}
     out.update({k: type(v)(got.opt_scalars[k]) for k, v in scalars.items()})
     tally.next = int(got.scalars[0])

@@ -194,14 +194,23 @@ class Run:
             self.stack.enter_context(self.writer)
 
     def flush(self) -> None:
-        """Append new rows and gathered events, save the state, flush (collective)."""
+        """Append new rows and gathered events and flush them, then save the state (collective).
+
+        The rows go first: a kill at any moment leaves rows that reach at least the saved
+        state's iteration (rows beyond it are dropped on resume), never a state ahead of
+        the rows it follows.
+        """
+        from hpcpipe.run import results
+
         ev = self.recorder.gather(self.comm)
-        checkpoint.save(self.writer, self.comm, self.state, self.tally, self.recorder, self.offsets)
         if self.writer is not None:
             if len(self.rows) > self.flushed:
                 self.writer.append_iterations(np.array(self.rows[self.flushed :], dtype=float))
             self.writer.append_timeline(ev)
+            results.save_point("rows-written")
             self.writer.flush()
+            results.save_point("rows-flushed")
+        checkpoint.save(self.writer, self.comm, self.state, self.tally, self.recorder, self.offsets)
         self.flushed = len(self.rows)
 
     # ------------------------------------------------------------ evaluation
