@@ -201,6 +201,8 @@ def _resume_config(path: str, items: list[str], args=None):
     Everything is checked before any launch: the file and its resume state, that no live
     process writes it (its lock), the rank count, and the overrides: only settings that
     leave the numbers unchanged (RESUME_MAY_CHANGE) may differ; they are recorded.
+    ``inject_failure`` may be cleared (``--inject-failure ''``), which is recorded too and
+    holds for later resumes of the file.
     """
     import dataclasses
 
@@ -222,6 +224,7 @@ def _resume_config(path: str, items: list[str], args=None):
             "with it (start a new run instead)"
         )
     values = dict(r.config)
+    values.update(_cleared_injection(r.attrs))
     recorded = make_config({**values, "output": ""})
     given_keys = {}
     for item in items:
@@ -243,15 +246,34 @@ def _resume_config(path: str, items: list[str], args=None):
         new, old = getattr(cfg, key), getattr(recorded, key)
         if new == old:
             continue
+        if key == "inject_failure" and new == "":  # cleared: the run goes on past it
+            changed[key] = new
+            continue
         if key not in RESUME_MAY_CHANGE:
             raise ConfigError(
                 f"--resume {path}: --{flag} {new!r} cannot be changed on resume: the file "
                 f"records {key} = {old!r} and its rows so far were made with it. Start a new "
-                f"run to change it; a resume may change only {', '.join(RESUME_MAY_CHANGE)}"
+                f"run to change it; a resume may change only {', '.join(RESUME_MAY_CHANGE)} "
+                "and clear inject_failure (--inject-failure '')"
             )
         changed[key] = new
     ranks = r.attrs.get("n_ranks")
     return dataclasses.replace(cfg, output=path), changed, ranks
+
+
+def _cleared_injection(attrs: dict) -> dict:
+    """{"inject_failure": ""} once an earlier resume cleared it (its resume_overrides)."""
+    import json
+
+    try:
+        past = json.loads(attrs.get("resume_overrides", "[]"))
+    except (TypeError, ValueError):
+        return {}
+    if isinstance(past, list) and any(
+        isinstance(o, dict) and o.get("inject_failure") == "" for o in past
+    ):
+        return {"inject_failure": ""}
+    return {}
 
 
 def _rank_error(path: str, recorded, size: int) -> str | None:
