@@ -23,6 +23,7 @@ Plain numbers and strings only (no pickles): h5dump, h5py and pandas read it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -65,6 +66,61 @@ SAVE_HOOK = None
 
 class ResultsError(ValueError):
     """A file that is not a readable hpcpipe result."""
+
+
+class DiskFullError(ResultsError):
+    """The disk (or the user's quota) holding a result file is full: ENOSPC or EDQUOT."""
+
+
+DISK_FULL = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT"}
+FREE_SPACE = "free space or choose another --output"
+
+
+def disk_full(path: str | Path, e: BaseException) -> DiskFullError | None:
+    """A DiskFullError naming the file and the fix if ``e`` is ENOSPC or EDQUOT, else None.
+
+    h5py reports HDF5's failed writes without an errno: its message holds the C library's.
+    """
+    code = getattr(e, "errno", None)
+    if code not in DISK_FULL:
+        text = str(e)
+        code = next((c for c in DISK_FULL if os.strerror(c) in text), None)
+    if code is None:
+        return None
+    return DiskFullError(
+        f"{path}: {os.strerror(code)} ({DISK_FULL[code]}) while writing it: {FREE_SPACE}"
+    )
+
+
+_FALLOCATE: list = []
+
+
+def reserve(fd: int, nbytes: int) -> None:
+    """Claim ``nbytes`` of disk after the end of the open file ``fd`` without changing its size.
+
+    Linux ``fallocate(fd, FALLOC_FL_KEEP_SIZE, size, nbytes)``: the writes that follow land
+    in blocks that already belong to the file, so a full disk or quota shows here, as an
+    OSError (ENOSPC, EDQUOT), before HDF5 has written a byte of them (HDF5's own failed
+    writes leave a file that no longer opens). Where the call is missing or the file
+    system does not support it, nothing is claimed and HDF5's own errors are what is left.
+    """
+    if not _FALLOCATE:
+        try:
+            import ctypes
+
+            fn = ctypes.CDLL(None, use_errno=True).fallocate
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            fn.restype = ctypes.c_int
+            _FALLOCATE.append((fn, ctypes.get_errno))
+        except (OSError, AttributeError):
+            _FALLOCATE.append(None)
+    if _FALLOCATE[0] is None or nbytes <= 0:
+        return
+    fn, get_errno = _FALLOCATE[0]
+    if fn(fd, 1, os.fstat(fd).st_size, nbytes) != 0:  # 1 = FALLOC_FL_KEEP_SIZE
+        code = get_errno()
+        if code in DISK_FULL:
+            raise OSError(code, os.strerror(code))
 
 
 def save_point(point: str) -> None:
@@ -385,14 +441,54 @@ class Writer:
             np.array(stage, dtype=float),
         )
 
+    # an injected full disk (config inject_failure 'enospc:ITERATION'): errno, iteration
+    fail_at: tuple[int, int] | None = None
+    broken = False
+
+    def reserve(self, nbytes: int, iteration: int) -> None:
+        """Claim the disk space the next writes need (``reserve``); OSError if it is full.
+
+        ``iteration``: the last one these writes hold, for an injected full disk.
+        """
+        if self.fail_at is not None and iteration >= self.fail_at[1]:
+            code = self.fail_at[0]
+            raise OSError(code, f"{os.strerror(code)} (injected: config inject_failure)")
+        reserve(self._fd, nbytes)
+
+    def room(self, rows: int, events: int) -> int:
+        """Bytes the next append of ``rows`` rows and ``events`` events, a save of the state
+        and their flushes may add to the file: each chunk the appends start (HDF5 writes a
+        chunk whole, with its checksum; a chunk already started is rewritten in place),
+        both state slots, and 64 KiB of metadata.
+        """
+        total = 64 * 1024
+        for group, n in (("iterations", rows), ("timeline", events)):
+            for d in self.f[group].values() if n else ():
+                c, old = d.chunks[0], d.shape[0]
+                touched = -(-(old + n) // c) - -(-old // c)
+                total += touched * (c * d.dtype.itemsize + 4)
+        state = []
+        self.f["state"].visititems(
+            lambda _, o: state.append(o.nbytes) if isinstance(o, h5py.Dataset) else None
+        )
+        return total + 2 * sum(state)
+
+    def abandon(self) -> None:
+        """After a failed write: close without another write attempt where HDF5 allows it."""
+        self.broken = True
+
     def __enter__(self) -> Writer:
         return self
 
     def __exit__(self, *exc) -> None:
         if self.f.id.valid:  # not closed by close(status): leave it incomplete, resumable
             try:
-                self.f.flush()
+                if not self.broken:
+                    self.f.flush()
                 self.f.close()
+            except (OSError, RuntimeError):
+                if not self.broken:
+                    raise
             finally:
                 os.close(self._fd)
 
