@@ -9,9 +9,11 @@ run's final iterate, losses and model-clock pipeline times bitwise.
 """
 
 import os
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import h5py
@@ -70,6 +72,22 @@ sys.exit(main(sys.argv[3:]))
 WAIT = 120  # s: a hang guard for every process of these tests
 
 
+@contextmanager
+def _hang_guard(seconds: int = WAIT):
+    """A resume in this process that does not end in ``seconds`` fails the test (SIGALRM)."""
+
+    def hung(signum, frame):
+        raise TimeoutError(f"the resume did not end in {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def _final(path: Path) -> dict[str, np.ndarray]:
     """What must match bitwise: the final iterate, the losses, the model-clock times."""
     r = load(path)
@@ -122,7 +140,8 @@ def test_kill_9_of_rank_0_inside_a_save_then_resume(point, nth, killed, referenc
     rows = load(out).iterations["iteration"]
     assert load(out).status == "incomplete"
     assert (rows[-1] if len(rows) else 0) >= st.scalars[0] - 1
-    assert main(["run", "--resume", str(out)]) == 0
+    with _hang_guard():
+        assert main(["run", "--resume", str(out)]) == 0
     err = capsys.readouterr().err
     assert "Traceback" not in err and "as h5clear -s does" in err, err
     got = _final(out)
@@ -132,9 +151,9 @@ def test_kill_9_of_rank_0_inside_a_save_then_resume(point, nth, killed, referenc
 
 
 def test_a_torn_state_is_never_resumed_from(tmp_path):
-    """The backup is what makes a kill inside /state's rewrite resumable: without it (a
-    planted wrong implementation that rewrites /state in place, commit kept at [0]), a
-    kill after the first array leaves a state whose theta and iteration disagree."""
+    """Why the backup: a save stopped after /state's first array leaves /state with a new
+    array and the old iteration (resuming from it would silently give other iterates);
+    commit = [1] then sends read_state to the backup, whose arrays and iteration agree."""
     path = tmp_path / "torn.h5"
     hits = []
 
