@@ -15,13 +15,16 @@ from typing import Any
 
 def load_result(path: str):
     """The result at path, or None after printing why it cannot be read."""
-    from hpcpipe.run.results import ResultsError, load
+    from hpcpipe.run.results import NO_CHECKSUMS, ResultsError, load
 
     try:
-        return load(path)
+        r = load(path)
     except ResultsError as e:
         print(f"hpcpipe: {e}", file=sys.stderr)
         return None
+    if not r.checksums:
+        print(f"hpcpipe: note: {path}: {NO_CHECKSUMS}", file=sys.stderr)
+    return r
 
 
 def output_error(path: str, inputs: tuple[str, ...] = (), force: bool = False) -> str | None:

@@ -49,13 +49,20 @@ def layout(state: OptState) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(arrays), tuple(scalars)
 
 
-def save(writer, comm, state: OptState, tally: Tally, recorder: Recorder, offsets) -> None:
-    """Gather the state to rank 0 and write it (collective; ``writer`` is None off rank 0)."""
+def gather(comm, state: OptState, tally: Tally, recorder: Recorder, offsets) -> tuple:
+    """(full arrays, optimizer scalars, loop scalars, stage totals) on rank 0, as
+    ``Writer.save_state`` takes them (collective; what other ranks get is not used)."""
     arrays, scalars = split_state(state)
     full = {k: gather_vector(v, comm, offsets) for k, v in arrays.items()}
     stage = recorder.stage_summary(comm)
+    return full, [float(v) for v in scalars.values()], tally.scalars(), stage
+
+
+def save(writer, comm, state: OptState, tally: Tally, recorder: Recorder, offsets) -> None:
+    """Gather the state to rank 0 and write it (collective; ``writer`` is None off rank 0)."""
+    got = gather(comm, state, tally, recorder, offsets)
     if writer is not None:
-        writer.save_state(full, [float(v) for v in scalars.values()], tally.scalars(), stage)
+        writer.save_state(*got)
 
 
 def restore(
@@ -94,6 +101,8 @@ def restore(
             f"stages; this run has {offsets[-1]} on {n_stages}"
         )
     r = comm.rank
+    if int(got.scalars[0]) == 1:  # killed before its first save: start from the beginning
+        return state
     out: OptState = {k: got.arrays[k][offsets[r] : offsets[r + 1]].copy() for k in arrays}
     out.update({k: type(v)(got.opt_scalars[k]) for k, v in scalars.items()})
     tally.next = int(got.scalars[0])

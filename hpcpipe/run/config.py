@@ -129,7 +129,10 @@ class RunConfig:
         0.0, "watchdog: abort when a rank waits this long (s) for a message (0: off)", PIPELINE
     )
     inject_failure: str = setting(
-        "", "'RANK:ITERATION' raises there, 'RANK:ITERATION:hang' stops there", TESTING
+        "",
+        "'RANK:ITERATION' raises there, 'RANK:ITERATION:hang' stops there, "
+        "'enospc:ITERATION' / 'edquot:ITERATION': the disk is full / over quota at its flush",
+        TESTING,
     )
 
     def to_json(self) -> str:
@@ -141,6 +144,7 @@ class RunConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+DISK_FAULTS = ("enospc", "edquot")  # inject_failure kinds: the result file's disk is full
 # keys whose value names a registry entry (or a user's package.module:attribute)
 REGISTRIES = {
     "problem": PROBLEMS,
@@ -333,18 +337,21 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
         _need(math.isfinite(v) and v > 0, name, v, "must be a finite number > 0")
     if cfg.inject_failure:
         parts = [x.strip() for x in cfg.inject_failure.split(":")]
-        ok = (
+        disk = len(parts) == 2 and parts[0] in DISK_FAULTS
+        ok = disk or (
             len(parts) in (2, 3)
             and all(re.fullmatch(r"[0-9]{1,18}", x) for x in parts[:2])
             and (len(parts) == 2 or parts[2] in ("raise", "hang"))
         )
+        ok = ok and re.fullmatch(r"[0-9]{1,18}", parts[1]) is not None
         _need(
             ok,
             "inject_failure",
             cfg.inject_failure,
-            "write RANK:ITERATION or RANK:ITERATION:hang, e.g. '2:5'",
+            "write RANK:ITERATION, RANK:ITERATION:hang, enospc:ITERATION or "
+            "edquot:ITERATION, e.g. '2:5'",
         )
-        rank, it = int(parts[0]), int(parts[1])
+        rank, it = 0 if disk else int(parts[0]), int(parts[1])
         if n_ranks is not None:
             _need(
                 rank < n_ranks,

@@ -23,6 +23,7 @@ Plain numbers and strings only (no pickles): h5dump, h5py and pandas read it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -44,6 +45,130 @@ STATUSES = ("complete", "incomplete", "diverged", "failed")
 TIMELINE_INT = ("iteration", "rank", "stage", "kind", "item")
 TIMELINE_FLOAT = ("wait", "start", "end")
 STAGE_FIELDS = ("busy", "wait", "idle", "actions")
+
+
+SUM = {"fletcher32": True}  # every dataset: HDF5's Fletcher-32 checksum of each chunk
+BACKUP, COMMIT = "backup", "commit"  # /state/backup: the previous state; /state/commit: which
+STATE_ABOUT = (
+    "state at the last flush, for --resume: optimizer/<name> (the optimizer's "
+    "arrays, full vectors), optimizer_scalars (its scalars, names in the "
+    "attribute 'names'), scalars = [next iteration, best f, pipeline time, "
+    "first loss], stage = per-stage totals [busy, wait, idle, actions]; "
+    "backup/ holds the same for the state before it, and commit = [0] says the state "
+    "here is whole, [1] that backup/ is the one to resume from (a save was cut short)"
+)
+NO_CHECKSUMS = (
+    "no checksums (written before hpcpipe stored Fletcher-32 checksums): "
+    "damage to its data cannot be detected"
+)
+# called with the name of each step of a save (Writer.save_state, Run.flush): a test hook
+SAVE_HOOK = None
+
+
+class DiskFullError(ResultsError):
+    """The disk (or the user's quota) holding a result file is full: ENOSPC or EDQUOT."""
+
+
+DISK_FULL = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT"}
+FREE_SPACE = "free space or choose another --output"
+
+
+def disk_full(path: str | Path, e: BaseException) -> DiskFullError | None:
+    """A DiskFullError naming the file and the fix if ``e`` is ENOSPC or EDQUOT, else None.
+
+    h5py reports HDF5's failed writes without an errno: its message holds the C library's.
+    """
+    code = getattr(e, "errno", None)
+    if code not in DISK_FULL:
+        text = str(e)
+        code = next((c for c in DISK_FULL if os.strerror(c) in text), None)
+    if code is None:
+        return None
+    return DiskFullError(
+        f"{path}: {os.strerror(code)} ({DISK_FULL[code]}) while writing it: {FREE_SPACE}"
+    )
+
+
+_FALLOCATE: list = []
+
+
+def reserve(fd: int, nbytes: int) -> None:
+    """Claim ``nbytes`` of disk after the end of the open file ``fd`` without changing its size.
+
+    Linux ``fallocate(fd, FALLOC_FL_KEEP_SIZE, size, nbytes)``: the writes that follow land
+    in blocks that already belong to the file, so a full disk or quota shows here, as an
+    OSError (ENOSPC, EDQUOT), before HDF5 has written a byte of them (HDF5's own failed
+    writes leave a file that no longer opens). Where the call is missing or the file
+    system does not support it, nothing is claimed and HDF5's own errors are what is left.
+    """
+    if not _FALLOCATE:
+        try:
+            import ctypes
+
+            fn = ctypes.CDLL(None, use_errno=True).fallocate
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            fn.restype = ctypes.c_int
+            _FALLOCATE.append((fn, ctypes.get_errno))
+        except (OSError, AttributeError):
+            _FALLOCATE.append(None)
+    if _FALLOCATE[0] is None or nbytes <= 0:
+        return
+    fn, get_errno = _FALLOCATE[0]
+    if fn(fd, 1, os.fstat(fd).st_size, nbytes) != 0:  # 1 = FALLOC_FL_KEEP_SIZE
+        code = get_errno()
+        if code in DISK_FULL:
+            raise OSError(code, os.strerror(code))
+
+
+def save_point(point: str) -> None:
+    """Tell SAVE_HOOK (a test's) that a save reached ``point``."""
+    if SAVE_HOOK is not None:
+        SAVE_HOOK(point)
+
+
+def _state_slot(group, state_layout, state_size: int, n_stages: int) -> None:
+    """The datasets of one saved state (zeros; next iteration 1 = nothing saved yet)."""
+    arrays, names = state_layout
+    opt = group.create_group("optimizer")
+    for name in arrays:
+        opt.create_dataset(name, data=np.zeros(state_size), **SUM)
+    sc = group.create_dataset(
+        "optimizer_scalars", shape=(len(names),), dtype="f8", chunks=(8,), maxshape=(None,), **SUM
+    )
+    sc.attrs["names"] = json.dumps(list(names))
+    group.create_dataset("scalars", data=np.array([1.0, np.inf, 0.0, np.nan]), **SUM)
+    group.create_dataset("stage", data=np.zeros((n_stages, 4)), **SUM)
+
+
+def _read_slot(group) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
+    """(optimizer arrays, optimizer scalars, loop scalars, stage totals) of one saved state."""
+    arrays = {k: group["optimizer"][k][()] for k in group["optimizer"]}
+    return arrays, group["optimizer_scalars"][()], group["scalars"][()], group["stage"][()]
+
+
+def _write_slot(group, arrays: dict, opt_scalars, scalars, stage, point: str) -> None:
+    for i, (name, v) in enumerate(arrays.items()):
+        group["optimizer"][name][...] = v
+        if i == 0:
+            save_point(f"{point}-started")
+    group["optimizer_scalars"][...] = np.asarray(opt_scalars, dtype=float)
+    group["scalars"][...] = np.asarray(scalars, dtype=float)
+    group["stage"][...] = stage
+    save_point(f"{point}-written")
+
+
+def committed_slot(state) -> str:
+    """Which group of /state holds the state to resume from: "" (/state itself) or backup.
+
+    /state/commit (absent in files written before it: /state itself) is 0 when /state is
+    whole and 1 while a save rewrites it, when /state/backup holds the state before it.
+    """
+    if COMMIT not in state:
+        return ""
+    c = state[COMMIT][()]
+    if c.shape != (1,) or int(c[0]) not in (0, 1):
+        raise ValueError(f"state/commit is {c.tolist()!r}, not [0] or [1]")
+    return BACKUP if int(c[0]) == 1 else ""
 
 
 def versions() -> dict:
@@ -180,30 +305,23 @@ class Writer:
         it = self.f.create_group("iterations")
         it.attrs["columns"] = ",".join(columns)
         for c in columns:
-            it.create_dataset(c, shape=(0,), maxshape=(None,), chunks=(1024,), dtype="f8")
+            it.create_dataset(c, shape=(0,), maxshape=(None,), chunks=(1024,), dtype="f8", **SUM)
         tl = self.f.create_group("timeline")
         for c in TIMELINE_INT:
-            tl.create_dataset(c, shape=(0,), maxshape=(None,), chunks=(4096,), dtype="i8")
+            tl.create_dataset(c, shape=(0,), maxshape=(None,), chunks=(4096,), dtype="i8", **SUM)
         for c in TIMELINE_FLOAT:
-            tl.create_dataset(c, shape=(0,), maxshape=(None,), chunks=(4096,), dtype="f8")
+            tl.create_dataset(c, shape=(0,), maxshape=(None,), chunks=(4096,), dtype="f8", **SUM)
         st = self.f.create_group("stages")
         for c in STAGE_FIELDS:
-            st.create_dataset(c, data=np.zeros(n_stages, dtype="i8" if c == "actions" else "f8"))
+            st.create_dataset(
+                c, data=np.zeros(n_stages, dtype="i8" if c == "actions" else "f8"), **SUM
+            )
         rs = self.f.create_group("state")
-        rs.attrs["about"] = (
-            "state at the last flush, for --resume: optimizer/<name> (the optimizer's "
-            "arrays, full vectors), optimizer_scalars (its scalars, names in the "
-            "attribute 'names'), scalars = [next iteration, best f, pipeline time, "
-            "first loss], stage = per-stage totals [busy, wait, idle, actions]"
-        )
-        arrays, names = state_layout
-        opt = rs.create_group("optimizer")
-        for name in arrays:
-            opt.create_dataset(name, data=np.zeros(state_size))
-        sc = rs.create_dataset("optimizer_scalars", data=np.zeros(len(names)))
-        sc.attrs["names"] = json.dumps(list(names))
-        rs.create_dataset("scalars", data=np.array([1.0, np.inf, 0.0, np.nan]))
-        rs.create_dataset("stage", data=np.zeros((n_stages, 4)))
+        rs.attrs["about"] = STATE_ABOUT
+        _state_slot(rs, state_layout, state_size, n_stages)
+        _state_slot(rs.create_group(BACKUP), state_layout, state_size, n_stages)
+        rs.create_dataset(COMMIT, data=np.zeros(1, dtype="i8"), **SUM)
+        self._last = _read_slot(rs)
         self.f.swmr_mode = True
         self.f.flush()
 
@@ -242,6 +360,7 @@ class Writer:
             raise ResultsError(f"{self.path}: cannot be reopened to resume ({e})") from None
         if "optimizer" not in self.f["state"]:
             self._upgrade_state(state_layout)
+        self._settle_state(state_layout)
         self.f.attrs["status"] = "incomplete"
         self.f.attrs["resumed"] = int(self.f.attrs.get("resumed", 0)) + 1
         if overrides:
@@ -275,14 +394,91 @@ class Writer:
         sc.attrs["names"] = json.dumps(list(names))
         self.f.attrs["schema_version"] = SCHEMA_VERSION
 
-    def save_state(self, arrays: dict, opt_scalars: list[float], scalars, stage) -> None:
-        """The optimizer's arrays (full vectors) and scalars, the loop's scalars, the stages."""
+    def _settle_state(self, state_layout) -> None:
+        """Make /state the committed state again, with a backup slot and a commit marker.
+
+        A save cut short (commit = [1]) left /state half rewritten: the backup is copied
+        back first, and only then is the commit marker reset. Files written before the
+        backup existed get one (and their /state, which was whole, is committed).
+        """
         st = self.f["state"]
-        for name, v in arrays.items():
-            st["optimizer"][name][...] = v
-        st["optimizer_scalars"][...] = np.asarray(opt_scalars, dtype=float)
-        st["scalars"][...] = np.asarray(scalars, dtype=float)
-        st["stage"][...] = stage
+        if BACKUP not in st:
+            size = st["optimizer"]["theta"].shape[0]
+            _state_slot(st.create_group(BACKUP), state_layout, size, st["stage"].shape[0])
+            st.attrs["about"] = STATE_ABOUT
+        if COMMIT not in st:
+            st.create_dataset(COMMIT, data=np.zeros(1, dtype="i8"), **SUM)
+        if committed_slot(st) == BACKUP:
+            arrays, opt_scalars, scalars, stage = _read_slot(st[BACKUP])
+            _write_slot(st, arrays, opt_scalars, scalars, stage, "restore")
+            self.f.flush()
+            st[COMMIT][...] = 0
+        self._last = _read_slot(st)
+
+    def save_state(self, arrays: dict, opt_scalars: list[float], scalars, stage) -> None:
+        """The optimizer's arrays (full vectors) and scalars, the loop's scalars, the stages.
+
+        Crash-consistent: a kill at any moment leaves one whole state to resume from. The
+        state saved last is copied to /state/backup and flushed; commit = [1] (resume from
+        the backup) is flushed; /state is rewritten and flushed; commit = [0] is flushed.
+        The caller flushes the rows the state follows before (Run.flush), so the state
+        never runs ahead of the rows.
+        """
+        st = self.f["state"]
+        _write_slot(st[BACKUP], *self._last, "backup")
+        self.f.flush()
+        save_point("backup-flushed")
+        st[COMMIT][...] = 1
+        self.f.flush()
+        save_point("backup-committed")
+        _write_slot(st, arrays, opt_scalars, scalars, stage, "state")
+        self.f.flush()
+        save_point("state-flushed")
+        st[COMMIT][...] = 0
+        self.f.flush()
+        save_point("state-committed")
+        self._last = (
+            {k: np.array(v, dtype=float) for k, v in arrays.items()},
+            np.asarray(opt_scalars, dtype=float),
+            np.asarray(scalars, dtype=float),
+            np.array(stage, dtype=float),
+        )
+
+    # an injected full disk (config inject_failure 'enospc:ITERATION'): errno, iteration
+    fail_at: tuple[int, int] | None = None
+    broken = False
+
+    def reserve(self, nbytes: int, iteration: int) -> None:
+        """Claim the disk space the next writes need (``reserve``); OSError if it is full.
+
+        ``iteration``: the last one these writes hold, for an injected full disk.
+        """
+        if self.fail_at is not None and iteration >= self.fail_at[1]:
+            code = self.fail_at[0]
+            raise OSError(code, f"{os.strerror(code)} (injected: config inject_failure)")
+        reserve(self._fd, nbytes)
+
+    def room(self, rows: int, events: int) -> int:
+        """Bytes the next append of ``rows`` rows and ``events`` events, a save of the state
+        and their flushes may add to the file: each chunk the appends start (HDF5 writes a
+        chunk whole, with its checksum; a chunk already started is rewritten in place),
+        both state slots, and 64 KiB of metadata.
+        """
+        total = 64 * 1024
+        for group, n in (("iterations", rows), ("timeline", events)):
+            for d in self.f[group].values() if n else ():
+                c, old = d.chunks[0], d.shape[0]
+                touched = -(-(old + n) // c) - -(-old // c)
+                total += touched * (c * d.dtype.itemsize + 4)
+        state = []
+        self.f["state"].visititems(
+            lambda _, o: state.append(o.nbytes) if isinstance(o, h5py.Dataset) else None
+        )
+        return total + 2 * sum(state)
+
+    def abandon(self) -> None:
+        """After a failed write: close without another write attempt where HDF5 allows it."""
+        self.broken = True
 
     def __enter__(self) -> Writer:
         return self
@@ -290,8 +486,12 @@ class Writer:
     def __exit__(self, *exc) -> None:
         if self.f.id.valid:  # not closed by close(status): leave it incomplete, resumable
             try:
-                self.f.flush()
+                if not self.broken:
+                    self.f.flush()
                 self.f.close()
+            except (OSError, RuntimeError):
+                if not self.broken:
+                    raise
             finally:
                 os.close(self._fd)
 
@@ -356,6 +556,7 @@ class Result:
     stages: dict[str, np.ndarray]
     info: dict = field(default_factory=dict)
     iteration_columns: tuple[str, ...] = ()
+    checksums: bool = True  # False: written before datasets carried Fletcher-32 checksums
 
     @property
     def status(self) -> str:
@@ -508,6 +709,48 @@ def _check_attrs(attrs: dict, path: Path) -> None:
         )
 
 
+def read_dataset(d, path: Path) -> np.ndarray:
+    """A dataset's values; ResultsError naming it when a chunk fails its checksum.
+
+    HDF5 verifies each chunk's Fletcher-32 checksum on read and fails the read when the
+    stored bytes changed since they were written (a flipped bit on disk or in transit).
+    """
+    try:
+        return d[()]
+    except OSError as e:
+        if d.fletcher32:
+            raise ResultsError(
+                f"{path}: damaged result: dataset {d.name} fails its Fletcher-32 checksum "
+                f"({e}); restore the file from a copy or run it again"
+            ) from None
+        raise
+
+
+def _check_state(state, path: Path) -> None:
+    """Read the committed state (the one --resume would use): its checksums must hold.
+
+    The other slot is not read: a kill during a save may have left it half written.
+    """
+    if COMMIT in state:
+        read_dataset(state[COMMIT], path)
+    slot = committed_slot(state)
+    group = state[slot] if slot else state
+    todo = [group]
+    while todo:
+        for name, obj in todo.pop().items():
+            if isinstance(obj, h5py.Dataset):
+                read_dataset(obj, path)
+            elif isinstance(obj, h5py.Group) and not (group is state and name == BACKUP):
+                todo.append(obj)
+
+
+def has_checksums(f) -> bool:
+    """True if every dataset of an open result file carries a Fletcher-32 checksum."""
+    found = []
+    f.visititems(lambda _, o: found.append(o.fletcher32) if isinstance(o, h5py.Dataset) else None)
+    return all(found)
+
+
 def _columns(group, names, path: Path, what: str, cut: bool) -> dict[str, np.ndarray]:
     """1-d datasets of one length (cut to the shortest when a kill fell between writes)."""
     out = {}
@@ -515,7 +758,7 @@ def _columns(group, names, path: Path, what: str, cut: bool) -> dict[str, np.nda
         d = group[k]
         if not isinstance(d, h5py.Dataset) or d.ndim != 1:
             raise ResultsError(f"{path}: damaged result: {what}/{k} is not a 1-d dataset")
-        out[k] = d[()]
+        out[k] = read_dataset(d, path)
     missing = [n for n in names if n not in out]
     if missing:
         raise ResultsError(f"{path}: damaged result: {what} lacks {', '.join(missing)}")
@@ -529,6 +772,19 @@ def _columns(group, names, path: Path, what: str, cut: bool) -> dict[str, np.nda
         n = min(lengths)
         out = {k: v[:n] for k, v in out.items()}
     return out
+
+
+def cleared_injection(attrs: dict) -> dict:
+    """{"inject_failure": ""} once an earlier resume cleared it (its resume_overrides)."""
+    try:
+        past = json.loads(attrs.get("resume_overrides", "[]"))
+    except (TypeError, ValueError):
+        return {}
+    if isinstance(past, list) and any(
+        isinstance(o, dict) and o.get("inject_failure") == "" for o in past
+    ):
+        return {"inject_failure": ""}
+    return {}
 
 
 def load(path: str | Path) -> Result:
@@ -551,6 +807,9 @@ def load(path: str | Path) -> Result:
             st = _columns(f["stages"], STAGE_FIELDS, path, "stages", False)
             order = _text(f["iterations"].attrs.get("columns", ""))
             order = tuple(c for c in order.split(",") if c in its)
+            checksums = has_checksums(f)
+            if isinstance(f.get("state"), h5py.Group):
+                _check_state(f["state"], path)
     except ResultsError:
         raise
     except (OSError, KeyError, ValueError, RuntimeError, TypeError) as e:
@@ -560,7 +819,7 @@ def load(path: str | Path) -> Result:
     for key in ("method", "problem", "figures"):
         _json_dict(attrs, key, path)
     its = {c: its[c] for c in order + tuple(sorted(set(its) - set(order)))}
-    return Result(path, attrs, cfg, its, tl, st, info, order)
+    return Result(path, attrs, cfg, its, tl, st, info, order, checksums)
 
 
 @dataclass
@@ -585,14 +844,19 @@ def read_state(path: str | Path) -> SavedState:
     try:
         with _open(Path(path)) as f:
             g = f["state"]
-            scalars, stage = g["scalars"][()], g["stage"][()]
+            slot = committed_slot(g)  # a save cut short: the state before it
+            g = g[slot] if slot else g
+            p = Path(path)
+            scalars, stage = read_dataset(g["scalars"], p), read_dataset(g["stage"], p)
             if "optimizer" in g:
-                arrays = {k: g["optimizer"][k][()] for k in g["optimizer"]}
+                arrays = {k: read_dataset(g["optimizer"][k], p) for k in g["optimizer"]}
                 names = json.loads(_text(g["optimizer_scalars"].attrs["names"]))
-                opt = dict(zip(names, g["optimizer_scalars"][()].tolist()))
+                opt = dict(zip(names, read_dataset(g["optimizer_scalars"], p).tolist()))
             else:  # schema 1: θ_t, θ_{t−1}; the iteration t is the next one
                 arrays = {"theta": g["theta"][()], "prev": g["prev"][()]}
                 opt = {"t": float(scalars[0])}
+    except ResultsError:
+        raise
     except (OSError, KeyError, ValueError, RuntimeError, TypeError, json.JSONDecodeError) as e:
         raise ResultsError(f"{path}: has no resumable state ({e})") from None
 

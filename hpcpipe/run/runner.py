@@ -11,6 +11,7 @@ The parts: ``make_problem`` / ``make_method`` (from the registries),
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import socket
@@ -32,7 +33,7 @@ from hpcpipe.pipeline.executors import EXECUTORS, Executor
 from hpcpipe.pipeline.recording import Recorder, recorder_for
 from hpcpipe.problems import PROBLEMS, Problem
 from hpcpipe.run import checkpoint
-from hpcpipe.run.config import ConfigError, RunConfig, check_output, validate
+from hpcpipe.run.config import DISK_FAULTS, ConfigError, RunConfig, check_output, validate
 from hpcpipe.run.outcome import outcome
 from hpcpipe.run.progress import Progress, StopFlag
 
@@ -201,17 +202,51 @@ class Run:
             )
         if self.writer is not None:
             self.stack.enter_context(self.writer)
+            if self.inject is not None and self.inject[2] in DISK_FAULTS:
+                code = errno.ENOSPC if self.inject[2] == "enospc" else errno.EDQUOT
+                self.writer.fail_at = (code, self.inject[1])
 
     def flush(self) -> None:
-        """Append new rows and gathered events, save the state, flush (collective)."""
+        """Append new rows and gathered events and flush them, then save the state (collective).
+
+        The rows go first: a kill at any moment leaves rows that reach at least the saved
+        state's iteration (rows beyond it are dropped on resume), never a state ahead of
+        the rows it follows.
+        """
+        from hpcpipe.run import results
+
         ev = self.recorder.gather(self.comm)
-        checkpoint.save(self.writer, self.comm, self.state, self.tally, self.recorder, self.offsets)
+        state = checkpoint.gather(self.comm, self.state, self.tally, self.recorder, self.offsets)
+        err = None
         if self.writer is not None:
-            if len(self.rows) > self.flushed:
-                self.writer.append_iterations(np.array(self.rows[self.flushed :], dtype=float))
-            self.writer.append_timeline(ev)
-            self.writer.flush()
+            new = self.rows[self.flushed :]
+            try:  # a full disk shows in reserve(), before HDF5 writes anything of this flush
+                last = new[-1].iteration if new else self.tally.next - 1
+                self.writer.reserve(self.writer.room(len(new), len(ev)), last)
+                if new:
+                    self.writer.append_iterations(np.array(new, dtype=float))
+                self.writer.append_timeline(ev)
+                results.save_point("rows-written")
+                self.writer.flush()
+                results.save_point("rows-flushed")
+                self.writer.reserve(self.writer.room(0, 0), last)
+                self.writer.save_state(*state)
+            except (OSError, RuntimeError) as e:
+                full = results.disk_full(self.writer.path, e)
+                if full is None:
+                    raise
+                self.writer.abandon()
+                err = str(full)
+        self.bcast_error(err)
         self.flushed = len(self.rows)
+
+    def bcast_error(self, err: str | None) -> None:
+        """Rank 0's write error (a full disk) raised on every rank alike: all stop (collective)."""
+        from hpcpipe.run.results import DiskFullError
+
+        err = self.comm.bcast(err, root=0)
+        if err:
+            raise DiskFullError(err)
 
     # ------------------------------------------------------------ evaluation
     def penalised(self, value: float, point: np.ndarray) -> float:
@@ -330,16 +365,33 @@ class Run:
                     cfg, self.eng, summary, tally.mtime, done, self.prob.depth, self.hosts
                 )
                 info = {"info": json.dumps(self.extra), "figures": json.dumps(figures)}
-                self.writer.close(status, info)
                 self.extra["figures"] = figures
+            self.bcast_error(self._close(status, info) if self.writer is not None else None)
             # no rank leaves before the file is closed: mpiexec ends the whole job when one
             # rank exits with a non-zero status (143 after SIGTERM) while rank 0 still writes
             comm.Barrier()
         table = np.array(self.rows, dtype=float).reshape(-1, len(COLUMNS))
         return RunResult(cfg, self.opt, status, table, self.state["theta"], self.extra)
 
+    def _close(self, status: str, info: dict) -> str | None:
+        """Close the file with its final status (rank 0); a full disk's message, or None."""
+        from hpcpipe.run import results
+
+        try:
+            self.writer.reserve(64 * 1024, self.T + 1)
+            self.writer.close(status, info)
+        except (OSError, RuntimeError) as e:
+            full = results.disk_full(self.writer.path, e)
+            if full is None:
+                raise
+            self.writer.abandon()
+            return str(full)
+        return None
+
     def _maybe_fail(self, it: int) -> None:
         """The ``inject_failure`` test hook: raise, or hang, on one rank at one iteration."""
+        if self.inject is not None and self.inject[2] in DISK_FAULTS:
+            return  # the writer's (Run.open_output)
         if self.inject is not None and self.inject[:2] == (self.comm.rank, it):
             if self.inject[2] == "hang":  # stop making progress: the others' watchdog must fire
                 time.sleep(3600)
@@ -452,10 +504,13 @@ def _hop_costs(cfg: RunConfig, eng: Executor, hosts: list[str] | None):
 
 
 def _injection(spec: str) -> tuple[int, int, str] | None:
-    """``RANK:ITERATION`` (raise) or ``RANK:ITERATION:hang`` (stop responding)."""
+    """``RANK:ITERATION`` (raise), ``RANK:ITERATION:hang`` (stop responding), or
+    ``enospc:ITERATION`` / ``edquot:ITERATION`` (rank 0's result file: (0, it, kind))."""
     if not spec:
         return None
-    parts = spec.split(":")
+    parts = [x.strip() for x in spec.split(":")]
+    if parts[0] in DISK_FAULTS:
+        return 0, int(parts[1]), parts[0]
     return int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else "raise"
 
 

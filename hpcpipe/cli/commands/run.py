@@ -73,12 +73,19 @@ def resume_config(path: str, items: list[str], args: argparse.Namespace | None =
     Everything is checked before any launch: the file and its resume state, that no live
     process writes it (its lock), the rank count, and the overrides: only settings that
     leave the numbers unchanged (RESUME_MAY_CHANGE) may differ; they are recorded.
-    Returns (config, changed settings, recorded rank count).
+    ``inject_failure`` may be cleared (``--inject-failure ''``), which is recorded too and
+    holds for later resumes of the file. Returns (config, changed settings, recorded rank count).
     """
     import dataclasses
 
     from hpcpipe.run.config import make_config, refuse_recorded_code
-    from hpcpipe.run.results import ResultsError, check_unlocked, load, read_state
+    from hpcpipe.run.results import (
+        ResultsError,
+        check_unlocked,
+        cleared_injection,
+        load,
+        read_state,
+    )
 
     try:
         read_state(path)  # checks the file, its status and its state
@@ -95,6 +102,7 @@ def resume_config(path: str, items: list[str], args: argparse.Namespace | None =
             "with it (start a new run instead)"
         )
     values = dict(r.config)
+    values.update(cleared_injection(r.attrs))
     given_keys, given_values = {}, {}
     for item in items:
         if "=" not in item:
@@ -119,11 +127,15 @@ def resume_config(path: str, items: list[str], args: argparse.Namespace | None =
         new, old = getattr(cfg, key), getattr(recorded, key)
         if new == old:
             continue
+        if key == "inject_failure" and new == "":  # cleared: the run goes on past it
+            changed[key] = new
+            continue
         if key not in RESUME_MAY_CHANGE:
             raise ConfigError(
                 f"--resume {path}: --{flag} {new!r} cannot be changed on resume: the file "
                 f"records {key} = {old!r} and its rows so far were made with it. Start a new "
-                f"run to change it; a resume may change only {', '.join(RESUME_MAY_CHANGE)}"
+                f"run to change it; a resume may change only {', '.join(RESUME_MAY_CHANGE)} "
+                "and clear inject_failure (--inject-failure '')"
             )
         changed[key] = new
     ranks = r.attrs.get("n_ranks")
