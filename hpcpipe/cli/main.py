@@ -850,6 +850,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--spin", action="store_true", help="spin instead of sleep")
     s.set_defaults(func=cmd_bench, takes_extra=True)
 
+    from hpcpipe.cli.commands import calibrate
+
+    s = sub.add_parser(calibrate.NAME, help=calibrate.HELP, description=calibrate.__doc__)
+    calibrate.add_arguments(s)
+    s.set_defaults(func=calibrate.run, takes_extra=True)
+
     s = sub.add_parser("info", help="versions of hpcpipe, numpy, mpi4py, h5py and the MPI library")
     s.set_defaults(func=cmd_info)
     return p
