@@ -167,6 +167,11 @@ class MachineProfile:
         calibrated), plus the emulated action's measured duration.
         """
         msg = self.message(policy)
+        if getattr(spec, "kind", None) not in KINDS:
+            raise ConfigError(
+                f"{self._where()}layers: the model's blocks are not a built-in kind "
+                f"({', '.join(KINDS)}); a profile times only those: run without machine"
+            )
         dims = spec.dims()
         w = max(dims)
         cal = self.layer(spec.kind, w)

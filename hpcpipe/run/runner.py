@@ -91,6 +91,25 @@ def check_depth(cfg: RunConfig, prob: Problem) -> None:
         )
 
 
+def cost_model(cfg: RunConfig, prob: Problem, n_ranks: int) -> CostModel:
+    """The model clock's costs: the τ-unit settings, or the machine profile's seconds.
+
+    With ``machine``, per-block t_F, t_B from the profile's layer times at the
+    model's width and the rows of the largest work item, α, β of the wait
+    policy the run uses at its rank (or stage) count (``machine.profile``).
+    """
+    if not cfg.machine:
+        return CostModel.uniform(prob.depth, cfg.t_forward, cfg.t_backward, cfg.alpha, cfg.beta)
+    from hpcpipe.machine.profile import read
+    from hpcpipe.model.stages import microbatch_bounds
+    from hpcpipe.run.config import machine_policy, machine_ranks
+
+    ranks = machine_ranks(cfg, n_ranks) or n_ranks
+    rows = max(r1 - r0 for r0, r1 in microbatch_bounds(prob.batch.m, cfg.n_micro))
+    profile = read(cfg.machine)
+    return profile.cost_model(prob.spec, rows, machine_policy(cfg, ranks), cfg.layer_time)
+
+
 def make_method(cfg: RunConfig, prob: Problem) -> tuple[Optimizer, int]:
     """The optimizer and the number of iterations T (planned from ε in theory mode)."""
     if cfg.mode == "theory":
@@ -129,7 +148,7 @@ class Run:
         self.cfg, self.comm, self.prob, self.opt, self.T = cfg, comm, prob, opt, T
         self.on_iteration = on_iteration
         self.stack = stack
-        costs = CostModel.uniform(prob.depth, cfg.t_forward, cfg.t_backward, cfg.alpha, cfg.beta)
+        costs = self.costs = cost_model(cfg, prob, comm.size)
         make = EXECUTORS.get(cfg.executor)
         common = {k: getattr(cfg, k) for k in ("schedule", "seed", "clock", "wait", "timeout")}
         common.update(variable=prob.variable, weights=prob.weights, costs=costs, stages=cfg.stages)
@@ -310,7 +329,7 @@ class Run:
                 # oracle calls, resumed ones too
                 done = self.rows[-1].iteration if self.rows else tally.next - 1
                 figures = derived_figures(
-                    cfg, self.eng, summary, tally.mtime, done, self.prob.depth
+                    cfg, self.eng, summary, tally.mtime, done, self.prob.depth, self.costs
                 )
                 info = {"info": json.dumps(self.extra), "figures": json.dumps(figures)}
                 self.writer.close(status, info)
@@ -382,15 +401,20 @@ def derived_figures(
     pipeline_time: float,
     iterations: int,
     depth: int,
+    costs: CostModel | None = None,
 ) -> dict:
-    """Per-run figures: bubble fraction and, with emulated layers, efficiency.
+    """Per-run figures: bubble fraction and, with emulated layers or a machine profile,
+    efficiency.
 
     bubble fraction = 1 − Σ_s busy_s / (S · total pipeline time); with
     ``layer_time`` > 0 the model's prediction is the simulator's makespan of
     the schedule with t_F = t_B = layer_time per layer (no message cost) per
-    iteration, and efficiency = prediction / measured pipeline time.
+    iteration; with a machine profile (``machine``) it is the makespan under
+    the profile's costs (``costs``: layer times, emulated action, α + bytes·β
+    per message, in seconds). Efficiency = prediction / measured wall-clock
+    pipeline time.
     """
-    from hpcpipe.pipeline.simulator import simulate, stage_times
+    from hpcpipe.pipeline.simulator import message_costs, simulate, stage_times
 
     S = eng.schedule.n_stages
     busy = float(summary[:, 0].sum())
@@ -399,13 +423,34 @@ def derived_figures(
         "pipeline_time": pipeline_time,
         "bubble_fraction": 1.0 - busy / (S * pipeline_time) if pipeline_time > 0 else 0.0,
     }
-    if cfg.layer_time > 0 and iterations > 0:
+    if cfg.machine and costs is not None and iterations > 0:
+        tf, tb = stage_times(costs, depth, S)
+        msg = None
+        if S > 1:
+            widths, rows = _boundaries(eng, depth, S)
+            msg = message_costs(costs, widths, rows)
+        per = simulate(eng.schedule, tf, tb, msg).makespan
+        out["predicted_pipeline_time"] = per * iterations
+        if cfg.clock == "wall":
+            out["efficiency"] = per * iterations / pipeline_time
+    elif cfg.layer_time > 0 and iterations > 0:
         tf, tb = stage_times(CostModel.uniform(depth, cfg.layer_time), depth, S)
         per = simulate(eng.schedule, tf, tb).makespan
         out["predicted_pipeline_time"] = per * iterations
         if cfg.clock == "wall":
             out["efficiency"] = per * iterations / pipeline_time
     return out
+
+
+def _boundaries(eng: Executor, depth: int, S: int) -> tuple[list[int], list[int]]:
+    """Feature widths between consecutive stages and the rows of each work item."""
+    from hpcpipe.model.stages import partition
+
+    dims = eng.spec.dims()
+    widths = [dims[hi] for _, hi in partition(depth, S)[:-1]]
+    M = eng.microbatches
+    rows = [r1 - r0 for r0, r1 in (eng.rows[i % M] for i in range(eng.n_items))]
+    return widths, rows
 
 
 def _injection(spec: str) -> tuple[int, int, str] | None:
@@ -479,6 +524,11 @@ def _open_writer(cfg: RunConfig, comm, prob: Problem, opt: Optimizer, T: int, ru
         "executor": cfg.executor,
         "n_stages": run.eng.schedule.n_stages,
     }
+    if cfg.machine:  # the profile itself, so the file says what its seconds were made of
+        from hpcpipe.machine.profile import read
+
+        attrs["machine_profile"] = read(cfg.machine).text
+        attrs["model_time_unit"] = "s"
     for k, v in json.loads(cfg.to_json()).items():
         attrs[f"config.{k}"] = v
     layout = checkpoint.layout(run.state)
