@@ -16,9 +16,9 @@ instead of the τ-unit settings ``t_forward``, ``t_backward``, ``alpha`` and
 
 Blocks that are not square at the calibrated width (an MLP's first and last
 blocks) are charged by the cost of a dense product, which grows with
-rows·n_in·n_out: t_block = t(w)·(rows·n_in·n_out)/(rows_cal·w²). This is
-exact for the square blocks of the calibrated width and rows, an estimate
-otherwise (the profile's layer rows say what was measured).
+rows·n_in·n_out: t_block = t(w)·(rows·n_in·n_out)/(rows_cal·w²), w the
+model's width. This is exact for the square blocks of the calibrated width
+and rows, an estimate otherwise (the profile's layer rows say what was measured).
 
 Schema (``SCHEMA = 1``)::
 
@@ -163,7 +163,7 @@ class MachineProfile:
         """Per-block (t_F, t_B) and the message α, β of ``policy`` for model ``spec``, seconds.
 
         Block b of dims n_b × n_{b+1}: t = t(kind, w)·(rows·n_b·n_{b+1})/(rows_cal·w²)
-        with w the widest dimension of the model (which must have been
+        with w the model's width (``width``, or d for a chain; it must have been
         calibrated), plus the emulated action's measured duration.
         """
         msg = self.message(policy)
@@ -173,7 +173,7 @@ class MachineProfile:
                 f"({', '.join(KINDS)}); a profile times only those: run without machine"
             )
         dims = spec.dims()
-        w = max(dims)
+        w = spec.width or spec.d_in
         cal = self.layer(spec.kind, w)
         extra = 0.0
         if layer_time > 0:

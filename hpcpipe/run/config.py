@@ -74,6 +74,11 @@ class RunConfig:
     epsilon: float = setting(0.0, "target accuracy f - f* (theory mode plans from it)", OPTIMIZER)
     iterations: int = setting(100, "iterations T (theory mode: planned from epsilon)", STOPPING)
     time_budget: float = setting(0.0, "stop when the pipeline time reaches it (0: off)", STOPPING)
+    stop_at_epsilon: int = setting(
+        0,
+        "1: stop at the first evaluation with f - f* <= epsilon (time to epsilon; 0: off)",
+        STOPPING,
+    )
     seed: int = setting(0, "seed of the problem, the model and the noise", PROBLEM)
     radius: float = setting(0.1, "l-infinity radius of the attack", PROBLEM)
     clock: str = setting(
@@ -348,6 +353,15 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
         v = getattr(cfg, name)
         _need(math.isfinite(v) and v >= 0, name, v, "must be a finite number >= 0")
     _need(cfg.eval_every >= 0, "eval_every", cfg.eval_every, "must be >= 0 (0: never)")
+    _need(cfg.stop_at_epsilon in (0, 1), "stop_at_epsilon", cfg.stop_at_epsilon, "0 or 1")
+    if cfg.stop_at_epsilon:
+        _need(cfg.epsilon > 0, "epsilon", cfg.epsilon, "stop_at_epsilon = 1 needs epsilon > 0")
+        _need(
+            cfg.eval_every >= 1,
+            "eval_every",
+            cfg.eval_every,
+            "stop_at_epsilon = 1 needs evaluations of f (eval_every >= 1)",
+        )
     _need(cfg.flush_every >= 1, "flush_every", cfg.flush_every, "must be >= 1")
     _need(cfg.timeline_limit >= 0, "timeline_limit", cfg.timeline_limit, "must be >= 0")
     _need(cfg.timeline_every >= 1, "timeline_every", cfg.timeline_every, "must be >= 1")

@@ -297,12 +297,23 @@ class Run:
         """Stop rule: the pipeline time has reached ``time_budget`` (0: no budget)."""
         return bool(self.cfg.time_budget) and self.tally.mtime >= self.cfg.time_budget
 
+    def reached(self) -> bool:
+        """Stop rule ``stop_at_epsilon``: the last evaluation has f − f* <= ε (its gap is
+        the same on every rank: f comes from the executor's broadcast losses)."""
+        if not self.cfg.stop_at_epsilon or not self.rows:
+            return False
+        gap = self.rows[-1].gap
+        return math.isfinite(gap) and gap <= self.cfg.epsilon
+
     def loop(self) -> str:
         """Iterations from the next one to T, until a stop rule or a signal; the status."""
         status = "complete"
         for it in range(self.tally.next, self.T + 1):
             status = self.iteration(it)
             if status != "complete" or self.over_budget():
+                break
+            if self.reached():
+                self.extra["stopped_at_epsilon"] = it
                 break
         return status
 
@@ -384,6 +395,11 @@ def run(
             raise ConfigError(err)
     prob = problem if problem is not None else make_problem(cfg, comm)
     check_depth(cfg, prob)
+    if cfg.stop_at_epsilon and prob.f_star is None:
+        raise ConfigError(
+            f"stop_at_epsilon = 1 is not allowed: problem {cfg.problem!r} does not know f*; "
+            "set stop_at_epsilon = 0"
+        )
     opt, T = make_method(cfg, prob)
     with ExitStack() as stack:
         r = Run(cfg, comm, prob, opt, T, stack, label, on_iteration)
