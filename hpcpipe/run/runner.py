@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import sys
 import time
@@ -186,6 +187,8 @@ class Run:
         self.stop = stack.enter_context(StopFlag())
         self.progress = Progress(cfg.progress, T, label or cfg.optimizer, comm.rank == 0)
         self.wall0 = time.perf_counter()
+        # the machine's load, for wall-clock verdicts (``studies.common.load_check``)
+        self.extra["load_start"], self.extra["cores"] = _load(), _cores()
 
     # ------------------------------------------------------------ resume and output
     def restore(self, path: str) -> None:
@@ -324,6 +327,7 @@ class Run:
         self.progress.update(len(self.rows), last_loss, tally.mtime, force=True)
         self.extra.update(self.prob.info)
         self.extra["iterations_planned"] = self.T
+        self.extra["load_end"] = _load()
         if type(self.prob).final_metrics is not Problem.final_metrics:  # gather only if used
             parts = (self.eng.initial_point(), self.state["theta"])
             whole = [np.concatenate(comm.allgather(part)) for part in parts]
@@ -467,6 +471,17 @@ def _boundaries(eng: Executor, depth: int, S: int) -> tuple[list[int], list[int]
     M = eng.microbatches
     rows = [r1 - r0 for r0, r1 in (eng.rows[i % M] for i in range(eng.n_items))]
     return widths, rows
+
+
+def _load() -> float:
+    """The 1-minute load average (NaN where the platform has none)."""
+    return float(os.getloadavg()[0]) if hasattr(os, "getloadavg") else math.nan
+
+
+def _cores() -> int:
+    """Cores this process may run on."""
+    aff = getattr(os, "sched_getaffinity", None)
+    return len(aff(0)) if aff else (os.cpu_count() or 1)
 
 
 def _injection(spec: str) -> tuple[int, int, str] | None:
