@@ -268,7 +268,7 @@ class Plan:
     policies: tuple[str, ...] = ("busy", "yield", "sleep")
     sizes: tuple[int, ...] = SIZES
     kinds: tuple[str, ...] = ("orthogonal", "dense", "mlp")
-    widths: tuple[int, ...] = (256,)
+    widths: tuple[int, ...] = (16, 32, 64, 128, 256)
     rows: int = 1
     layer_time: float = 0.0
     budget: float = 1.0  # seconds per (policy, size) relay
@@ -317,7 +317,7 @@ def calibrate(comm, plan: Plan) -> dict | None:
     def measure_compute() -> None:
         for kind in plan.kinds:
             for w in plan.widths:
-                layers.append(layer_times(kind, w, plan.rows, 0.01, 7))
+                layers.append(layer_times(kind, w, plan.rows, 0.01, 5))
         if plan.layer_time > 0:
             emulated.update(sleep_time(plan.layer_time, 15))
 

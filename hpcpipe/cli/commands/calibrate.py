@@ -20,6 +20,7 @@ NAME = "calibrate"
 HELP = "measure this machine's cost model (alpha, beta, wake-up, layer times) into a TOML profile"
 POLICIES = ("busy", "yield", "sleep")
 KINDS = ("orthogonal", "dense", "mlp")
+WIDTHS = (16, 32, 64, 128, 256)  # the settings' defaults (dim 16, width 32), digits, the studies'
 
 
 def _ranks(text: str) -> int:
@@ -79,8 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--width",
         type=_ints("layer widths", 1),
-        default=(256,),
-        help="comma-separated layer widths to time (the run's width; default 256)",
+        default=WIDTHS,
+        help="comma-separated layer widths to time (the runs' widths; default "
+        + ",".join(map(str, WIDTHS))
+        + ")",
     )
     parser.add_argument(
         "--rows", type=_ints("rows per item", 1), default=(1,), help="rows per item (default 1)"
