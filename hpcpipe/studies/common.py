@@ -25,6 +25,7 @@ class Record:
     n_ranks: int
     info: dict
     executor: str = "mpi"  # "simulated": the simulated pipeline; "mpi": measured on MPI ranks
+    machine: str = ""  # the machine profile's TOML text the run's model costs came from
 
     @property
     def per_iteration_time(self) -> np.ndarray:
@@ -60,6 +61,7 @@ def record(r: Result) -> Record:
         n_ranks=int(r.attrs.get("n_ranks", 1)),
         info=r.info,
         executor=str(r.attrs.get("executor", r.config.get("executor", "mpi"))),
+        machine=str(r.attrs.get("machine_profile", "")),
     )
 
 

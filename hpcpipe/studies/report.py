@@ -12,10 +12,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from hpcpipe.studies import depth, dimension, lower, nonconvex, paper, pipeline_time, smooth
+from hpcpipe.studies import (
+    depth,
+    depth_wall,
+    dimension,
+    lower,
+    nonconvex,
+    paper,
+    pipeline_time,
+    smooth,
+)
 from hpcpipe.studies.common import StudyResult, load_records
 
-STUDIES = {m.NAME: m for m in (pipeline_time, depth, dimension, smooth, lower, nonconvex, paper)}
+STUDIES = {
+    m.NAME: m
+    for m in (pipeline_time, depth, depth_wall, dimension, smooth, lower, nonconvex, paper)
+}
 
 
 def _fmt(v) -> str:
