@@ -112,6 +112,7 @@ def test_a_machine_that_follows_its_model_holds_every_row(tmp_path):
     meas = float(claim.measured.split("Delta* measured ")[1].split(",")[0])
     pred = float(claim.measured.split("predicted (calibrated, s) ")[1].split(",")[0])
     assert 4 < meas < 8 and meas == pytest.approx(pred, rel=1e-9)
+    assert any(f.endswith("depth_wall.png") for f in res.figures)
     table = dict((t[0], t) for t in res.tables)
     assert len(table["time to epsilon: measured and predicted seconds"][2]) == 12
 

@@ -39,7 +39,16 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from hpcpipe.studies.common import StudyResult, Verdict, files_of, load_check
+from hpcpipe.studies.common import (
+    StudyResult,
+    Verdict,
+    figure,
+    files_of,
+    legend_outside,
+    load_check,
+    save_figure,
+    series_style,
+)
 from hpcpipe.studies.depth import crossover, law_crossover
 
 NAME = "depth-wall"
@@ -142,7 +151,30 @@ def study(records, outdir: Path) -> StudyResult:
         )
     )
     _claim(res, by, recs)
+    _figure(res, by, outdir)
     return res
+
+
+def _figure(res: StudyResult, by, outdir: Path) -> None:
+    """Time to ε against depth per method: measured (markers) and predicted (lines), s."""
+    plt = figure()
+    fig, ax = plt.subplots(figsize=(7.6, 4.6))
+    for i, method in enumerate(METHODS):
+        ds = sorted(D for (m, D) in by if m == method)
+        if not ds:
+            continue
+        style = series_style(i)
+        meas = [_median([v[0] for v in by[(method, D)]]) for D in ds]
+        pred = [_median([v[1] for v in by[(method, D)]]) for D in ds]
+        ax.plot(ds, meas, linestyle="none", label=f"{method} measured", **style)
+        ax.plot(ds, pred, "-", lw=1, color=style["color"], label=f"{method} predicted")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("depth Delta (MPI ranks, one layer each)")
+    ax.set_ylabel("time to epsilon (s, wall clock)")
+    ax.set_title("Time to epsilon: measured against the calibrated model")
+    legend_outside(ax)
+    save_figure(fig, outdir, "depth_wall.png", res)
 
 
 def _median(values) -> float:
