@@ -26,6 +26,11 @@ Rows:
   and Δ* on the τ clock (``depth.law_crossover`` of the iteration counts)
   side by side.
 
+Not yet registered in ``report.STUDIES`` (``hpcpipe analyze --study``): every
+registered study is reproduced by ``analysis/reproduce.py``, and the sweep
+that calibrates each depth and runs the points (``jobs/sweeps/depth-wall.toml``)
+is still to be written; ``study(records, outdir)`` is called directly.
+
 A planted fault fails its row: a profile with α × 10 (the prediction is then
 far above the measurement: bound row), and the depth-per-sample pipeline
 (PPRS on the sequential schedule pays Δ per sample: its measured seconds no

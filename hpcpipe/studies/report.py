@@ -14,7 +14,6 @@ from pathlib import Path
 
 from hpcpipe.studies import (
     depth,
-    depth_wall,
     dimension,
     lower,
     nonconvex,
@@ -24,10 +23,7 @@ from hpcpipe.studies import (
 )
 from hpcpipe.studies.common import StudyResult, load_records
 
-STUDIES = {
-    m.NAME: m
-    for m in (pipeline_time, depth, depth_wall, dimension, smooth, lower, nonconvex, paper)
-}
+STUDIES = {m.NAME: m for m in (pipeline_time, depth, dimension, smooth, lower, nonconvex, paper)}
 
 
 def _fmt(v) -> str:
