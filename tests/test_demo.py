@@ -51,7 +51,7 @@ def test_stop_at_epsilon_stops_at_the_first_iterate_within_epsilon():
     gap = np.asarray(full.column("gap"))
     first = int(np.flatnonzero(gap <= values["epsilon"])[0]) + 1
     assert len(stopped.table) == first < len(full.table)
-    assert stopped.status == "complete" and stopped.info["reached_epsilon_at"] == first
+    assert stopped.status == "complete" and stopped.info["stopped_at_epsilon"] == first
     for col in ("loss", "gap", "pipeline_time"):  # the same iterates up to the stop
         assert np.asarray(stopped.column(col)).tolist() == full.column(col)[:first].tolist()
 
@@ -60,7 +60,7 @@ def test_stop_at_epsilon_stops_at_the_first_iterate_within_epsilon():
     ("over", "message"),
     [
         ({"epsilon": 0.0}, "stop_at_epsilon = 1 needs epsilon > 0"),
-        ({"eval_every": 0}, "stop_at_epsilon = 1 needs f(theta_t): eval_every >= 1"),
+        ({"eval_every": 0}, "stop_at_epsilon = 1 needs evaluations of f (eval_every >= 1)"),
         ({"stop_at_epsilon": 2}, "stop_at_epsilon"),
     ],
 )

@@ -76,8 +76,7 @@ class RunConfig:
     time_budget: float = setting(0.0, "stop when the pipeline time reaches it (0: off)", STOPPING)
     stop_at_epsilon: int = setting(
         0,
-        "1: stop at the first evaluated iterate with f - f* <= epsilon (needs epsilon > 0 "
-        "and a problem with known f*); 0: run all iterations",
+        "1: stop at the first evaluation with f - f* <= epsilon (time to epsilon; 0: off)",
         STOPPING,
     )
     seed: int = setting(0, "seed of the problem, the model and the noise", PROBLEM)
@@ -113,6 +112,11 @@ class RunConfig:
         0.0, "wall-clock prediction: seconds per byte of a message between nodes", PIPELINE
     )
     wait: str = setting("auto", "how a rank waits for a message", PIPELINE)
+    machine: str = setting(
+        "",
+        "machine profile (TOML from hpcpipe calibrate): model costs in seconds, not tau",
+        PIPELINE,
+    )
     eval_every: int = setting(1, "exact f(theta_t) every N iterations (0: never)", STOPPING)
     diverge_factor: float = setting(
         1e3, "diverged when the loss grows by this factor times max(|f0|, 1)", STOPPING
@@ -391,7 +395,7 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
             cfg.eval_every >= 1,
             "eval_every",
             cfg.eval_every,
-            "stop_at_epsilon = 1 needs f(theta_t): eval_every >= 1",
+            "stop_at_epsilon = 1 needs evaluations of f (eval_every >= 1)",
         )
     _need(cfg.flush_every >= 1, "flush_every", cfg.flush_every, "must be >= 1")
     _need(cfg.timeline_limit >= 0, "timeline_limit", cfg.timeline_limit, "must be >= 0")
@@ -413,6 +417,8 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
             "theory mode has step rules for gd, agd and pprs only",
         )
     _check_executor(cfg, n_ranks)
+    if cfg.machine:
+        check_machine(cfg, n_ranks)
     if n_ranks is not None and cfg.executor == "mpi":
         _need(
             cfg.depth >= n_ranks,
@@ -464,3 +470,46 @@ def _check_executor(cfg: RunConfig, n_ranks: int | None) -> None:
         cfg.layer_time,
         "emulated compute needs real ranks: set layer_time = 0 or executor = 'mpi'",
     )
+
+
+# τ-unit cost settings a machine profile replaces, with their defaults
+PROFILE_REPLACES = ("t_forward", "t_backward", "alpha", "beta")
+
+
+def machine_ranks(cfg: RunConfig, n_ranks: int | None) -> int | None:
+    """The rank count a profile must have been calibrated at: the MPI ranks, or the
+    simulated pipeline's stages (the run it predicts); None when not known yet."""
+    if cfg.executor == "mpi":
+        return n_ranks
+    return cfg.stages or cfg.depth
+
+
+def machine_policy(cfg: RunConfig, ranks: int) -> str:
+    """The wait policy a run of ``ranks`` ranks uses (``auto`` resolved on this machine)."""
+    from hpcpipe.pipeline.transport import Waiter
+
+    return Waiter(cfg.wait, ranks).policy
+
+
+def check_machine(cfg: RunConfig, n_ranks: int | None) -> None:
+    """The profile reads and fits the run: rank count, MPI library, wait policy, emulation;
+    the τ-unit cost settings it replaces are left at their defaults."""
+    from mpi4py import MPI
+
+    from hpcpipe.machine.profile import read
+
+    for name in PROFILE_REPLACES:
+        default = FIELDS[name].default
+        _need(
+            getattr(cfg, name) == default,
+            name,
+            getattr(cfg, name),
+            f"the machine profile sets the model costs: leave {name} at {default} or drop machine",
+        )
+    profile = read(cfg.machine)
+    ranks = machine_ranks(cfg, n_ranks)
+    if ranks is None:
+        profile.check_run(profile.ranks, machine_policy(cfg, profile.ranks), cfg.layer_time, "")
+        return
+    library = MPI.Get_library_version().splitlines()[0].strip()
+    profile.check_run(ranks, machine_policy(cfg, ranks), cfg.layer_time, library)

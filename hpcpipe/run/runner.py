@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import os
 import socket
 import sys
 import time
@@ -93,6 +94,25 @@ def check_depth(cfg: RunConfig, prob: Problem) -> None:
         )
 
 
+def cost_model(cfg: RunConfig, prob: Problem, n_ranks: int) -> CostModel:
+    """The model clock's costs: the τ-unit settings, or the machine profile's seconds.
+
+    With ``machine``, per-block t_F, t_B from the profile's layer times at the
+    model's width and the rows of the largest work item, α, β of the wait
+    policy the run uses at its rank (or stage) count (``machine.profile``).
+    """
+    if not cfg.machine:
+        return CostModel.uniform(prob.depth, cfg.t_forward, cfg.t_backward, cfg.alpha, cfg.beta)
+    from hpcpipe.machine.profile import read
+    from hpcpipe.model.stages import microbatch_bounds
+    from hpcpipe.run.config import machine_policy, machine_ranks
+
+    ranks = machine_ranks(cfg, n_ranks) or n_ranks
+    rows = max(r1 - r0 for r0, r1 in microbatch_bounds(prob.batch.m, cfg.n_micro))
+    profile = read(cfg.machine)
+    return profile.cost_model(prob.spec, rows, machine_policy(cfg, ranks), cfg.layer_time)
+
+
 def make_method(cfg: RunConfig, prob: Problem) -> tuple[Optimizer, int]:
     """The optimizer and the number of iterations T (planned from ε in theory mode)."""
     if cfg.mode == "theory":
@@ -131,7 +151,7 @@ class Run:
         self.cfg, self.comm, self.prob, self.opt, self.T = cfg, comm, prob, opt, T
         self.on_iteration = on_iteration
         self.stack = stack
-        costs = CostModel.uniform(prob.depth, cfg.t_forward, cfg.t_backward, cfg.alpha, cfg.beta)
+        costs = self.costs = cost_model(cfg, prob, comm.size)
         make = EXECUTORS.get(cfg.executor)
         common = {k: getattr(cfg, k) for k in ("schedule", "seed", "clock", "wait", "timeout")}
         common.update(variable=prob.variable, weights=prob.weights, costs=costs, stages=cfg.stages)
@@ -165,16 +185,13 @@ class Run:
         self.hosts: list[str] | None = None  # each rank's host (rank 0, with an output)
         self.extra: dict = {}
         self.red = np.zeros(3)
-        if cfg.stop_at_epsilon and prob.f_star is None:
-            raise ConfigError(
-                f"stop_at_epsilon = 1: problem {cfg.problem!r} does not know f*, so f - f* "
-                "cannot be measured; use stop_at_epsilon = 0 (or time_budget)"
-            )
         self.f_star = prob.f_star if prob.f_star is not None else math.nan
         self.inject = _injection(cfg.inject_failure)
         self.stop = stack.enter_context(StopFlag())
         self.progress = Progress(cfg.progress, T, label or cfg.optimizer, comm.rank == 0)
         self.wall0 = time.perf_counter()
+        # the machine's load, for wall-clock verdicts (``studies.common.load_check``)
+        self.extra["load_start"], self.extra["cores"] = _load(), _cores()
 
     # ------------------------------------------------------------ resume and output
     def restore(self, path: str) -> None:
@@ -322,10 +339,13 @@ class Run:
         """Stop rule: the pipeline time has reached ``time_budget`` (0: no budget)."""
         return bool(self.cfg.time_budget) and self.tally.mtime >= self.cfg.time_budget
 
-    def reached_epsilon(self) -> bool:
-        """Stop rule: ``stop_at_epsilon`` and the last evaluated f − f* is at most ε (f is the
-        same on every rank, so every rank stops at the same iteration)."""
-        return bool(self.cfg.stop_at_epsilon) and self.rows[-1].gap <= self.cfg.epsilon
+    def reached(self) -> bool:
+        """Stop rule ``stop_at_epsilon``: the last evaluation has f − f* <= ε (its gap is
+        the same on every rank: f comes from the executor's broadcast losses)."""
+        if not self.cfg.stop_at_epsilon or not self.rows:
+            return False
+        gap = self.rows[-1].gap
+        return math.isfinite(gap) and gap <= self.cfg.epsilon
 
     def loop(self) -> str:
         """Iterations from the next one to T, until a stop rule or a signal; the status."""
@@ -334,8 +354,8 @@ class Run:
             status = self.iteration(it)
             if status != "complete" or self.over_budget():
                 break
-            if self.reached_epsilon():
-                self.extra["reached_epsilon_at"] = it
+            if self.reached():
+                self.extra["stopped_at_epsilon"] = it
                 break
         return status
 
@@ -346,6 +366,7 @@ class Run:
         self.progress.update(len(self.rows), last_loss, tally.mtime, force=True)
         self.extra.update(self.prob.info)
         self.extra["iterations_planned"] = self.T
+        self.extra["load_end"] = _load()
         if type(self.prob).final_metrics is not Problem.final_metrics:  # gather only if used
             parts = (self.eng.initial_point(), self.state["theta"])
             whole = [np.concatenate(comm.allgather(part)) for part in parts]
@@ -362,7 +383,14 @@ class Run:
                 # oracle calls, resumed ones too
                 done = self.rows[-1].iteration if self.rows else tally.next - 1
                 figures = derived_figures(
-                    cfg, self.eng, summary, tally.mtime, done, self.prob.depth, self.hosts
+                    cfg,
+                    self.eng,
+                    summary,
+                    tally.mtime,
+                    done,
+                    self.prob.depth,
+                    self.hosts,
+                    self.costs,
                 )
                 info = {"info": json.dumps(self.extra), "figures": json.dumps(figures)}
                 self.extra["figures"] = figures
@@ -434,6 +462,11 @@ def run(
             raise ConfigError(err)
     prob = problem if problem is not None else make_problem(cfg, comm)
     check_depth(cfg, prob)
+    if cfg.stop_at_epsilon and prob.f_star is None:
+        raise ConfigError(
+            f"stop_at_epsilon = 1 is not allowed: problem {cfg.problem!r} does not know f*; "
+            "set stop_at_epsilon = 0"
+        )
     opt, T = make_method(cfg, prob)
     with ExitStack() as stack:
         r = Run(cfg, comm, prob, opt, T, stack, label, on_iteration)
@@ -452,18 +485,22 @@ def derived_figures(
     iterations: int,
     depth: int,
     hosts: list[str] | None = None,
+    costs: CostModel | None = None,
 ) -> dict:
-    """Per-run figures: bubble fraction and, with emulated layers, efficiency.
+    """Per-run figures: bubble fraction and, with emulated layers or a machine profile,
+    efficiency.
 
     bubble fraction = 1 − Σ_s busy_s / (S · total pipeline time); with
     ``layer_time`` > 0 the model's prediction is the simulator's makespan of
-    the schedule with t_F = t_B = layer_time per layer per iteration, and
-    efficiency = prediction / measured pipeline time. Messages cost
-    α_intra + n·β_intra on hops inside a node and α_inter + n·β_inter on hops
-    between nodes (``placement``; ``hosts``: the host of each rank; all 0 by
-    default: no message cost).
+    the schedule with t_F = t_B = layer_time per layer per iteration, messages
+    costing α_intra + n·β_intra on hops inside a node and α_inter + n·β_inter on
+    hops between nodes (``placement``; ``hosts``: the host of each rank; all 0
+    by default: no message cost); with a machine profile (``machine``) it is
+    the makespan under the profile's costs (``costs``: layer times, emulated
+    action, α + bytes·β per message, in seconds). Efficiency = prediction /
+    measured wall-clock pipeline time.
     """
-    from hpcpipe.pipeline.simulator import simulate, stage_times
+    from hpcpipe.pipeline.simulator import message_costs, simulate, stage_times
 
     S = eng.schedule.n_stages
     busy = float(summary[:, 0].sum())
@@ -472,7 +509,17 @@ def derived_figures(
         "pipeline_time": pipeline_time,
         "bubble_fraction": 1.0 - busy / (S * pipeline_time) if pipeline_time > 0 else 0.0,
     }
-    if cfg.layer_time > 0 and iterations > 0:
+    if cfg.machine and costs is not None and iterations > 0:
+        tf, tb = stage_times(costs, depth, S)
+        msg = None
+        if S > 1:
+            widths, rows = _boundaries(eng, depth, S)
+            msg = message_costs(costs, widths, rows)
+        per = simulate(eng.schedule, tf, tb, msg).makespan
+        out["predicted_pipeline_time"] = per * iterations
+        if cfg.clock == "wall":
+            out["efficiency"] = per * iterations / pipeline_time
+    elif cfg.layer_time > 0 and iterations > 0:
         tf, tb = stage_times(CostModel.uniform(depth, cfg.layer_time), depth, S)
         per = simulate(eng.schedule, tf, tb, _hop_costs(cfg, eng, hosts)).makespan
         out["predicted_pipeline_time"] = per * iterations
@@ -501,6 +548,28 @@ def _hop_costs(cfg: RunConfig, eng: Executor, hosts: list[str] | None):
     item_rows = [rows[i % len(rows)] for i in range(eng.schedule.n_items)]
     placed = hosts if hosts is not None and cfg.executor == "mpi" else [""] * S
     return hop_costs(links, crossings(placed, S), widths, item_rows)
+
+
+def _boundaries(eng: Executor, depth: int, S: int) -> tuple[list[int], list[int]]:
+    """Feature widths between consecutive stages and the rows of each work item."""
+    from hpcpipe.model.stages import partition
+
+    dims = eng.spec.dims()
+    widths = [dims[hi] for _, hi in partition(depth, S)[:-1]]
+    M = eng.microbatches
+    rows = [r1 - r0 for r0, r1 in (eng.rows[i % M] for i in range(eng.n_items))]
+    return widths, rows
+
+
+def _load() -> float:
+    """The 1-minute load average (NaN where the platform has none)."""
+    return float(os.getloadavg()[0]) if hasattr(os, "getloadavg") else math.nan
+
+
+def _cores() -> int:
+    """Cores this process may run on."""
+    aff = getattr(os, "sched_getaffinity", None)
+    return len(aff(0)) if aff else (os.cpu_count() or 1)
 
 
 def _injection(spec: str) -> tuple[int, int, str] | None:
@@ -578,6 +647,11 @@ def _open_writer(cfg: RunConfig, comm, prob: Problem, opt: Optimizer, T: int, ru
         "executor": cfg.executor,
         "n_stages": run.eng.schedule.n_stages,
     }
+    if cfg.machine:  # the profile itself, so the file says what its seconds were made of
+        from hpcpipe.machine.profile import read
+
+        attrs["machine_profile"] = read(cfg.machine).text
+        attrs["model_time_unit"] = "s"
     for k, v in json.loads(cfg.to_json()).items():
         attrs[f"config.{k}"] = v
     layout = checkpoint.layout(run.state)

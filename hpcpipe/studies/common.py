@@ -26,6 +26,7 @@ class Record:
     n_ranks: int
     info: dict
     executor: str = "mpi"  # "simulated": the simulated pipeline; "mpi": measured on MPI ranks
+    machine: str = ""  # the machine profile's TOML text the run's model costs came from
 
     @property
     def per_iteration_time(self) -> np.ndarray:
@@ -61,11 +62,47 @@ def record(r: Result) -> Record:
         n_ranks=int(r.attrs.get("n_ranks", 1)),
         info=r.info,
         executor=str(r.attrs.get("executor", r.config.get("executor", "mpi"))),
+        machine=str(r.attrs.get("machine_profile", "")),
     )
 
 
 def load_records(directory: str | Path, warn=None) -> list[Record]:
     return [record(r) for r in load_dir(directory, warn=warn)]
+
+
+def machine_load(records) -> tuple[float, int] | None:
+    """The highest 1-minute load average recorded at the start or end of the runs and the
+    fewest cores they had; None when a run did not record them (files written before
+    runs recorded their load)."""
+    loads, cores = [], []
+    for r in records:
+        info = r.info or {}
+        if "load_start" not in info or "cores" not in info:
+            return None
+        loads += [float(info["load_start"]), float(info.get("load_end", info["load_start"]))]
+        cores.append(int(info["cores"]))
+    if not loads:
+        return None
+    return max(loads), min(cores)
+
+
+def load_check(records, rerun: str) -> tuple[str, str]:
+    """(the load for a wall-clock row's measured column, why the row is not enforced).
+
+    A wall-clock figure measured while the machine was busy (1-minute load average above
+    the cores, at the start or end of any of the row's runs) says how busy the machine
+    was, not what the model predicts: such a row is "not enforced", with the load and how
+    to rerun, never failed for the noise and never passed. Rows of runs that did not
+    record their load stay enforced ("load not recorded").
+    """
+    got = machine_load(records)
+    if got is None:
+        return "load not recorded", ""
+    load, cores = got
+    text = f"load {load:.2f} on {cores} cores"
+    if load > cores:
+        return text, f"{text}: busy machine; rerun on an idle one: {rerun}"
+    return text, ""
 
 
 @dataclass
@@ -78,9 +115,13 @@ class Verdict:
     files: list[str]
     kind: str = "bound"  # "bound", "consistency", "design" set the exit status; "claim" does not
     executor: str = ""  # where the numbers come from: "simulated", "mpi", or both
+    # why a wall-clock row is not judged (the machine was busy; ``load_check``); ok is None
+    not_enforced: str = ""
 
     @property
     def word(self) -> str:
+        if self.not_enforced:
+            return f"not enforced ({self.not_enforced})"
         if self.ok is None:
             return "reported"
         if self.kind == "claim":

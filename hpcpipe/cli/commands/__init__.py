@@ -43,6 +43,7 @@ COMMANDS: tuple[str, ...] = (
     "export",
     "plot",
     "bench",
+    "calibrate",
     "info",
 )
 
