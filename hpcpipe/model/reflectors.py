@@ -69,7 +69,9 @@ class ReflectorChain:
         """Hold at least ``depth`` blocks (drawing only the new ones)."""
         if depth <= self.depth:
             return
-        new = [block_vectors(self.seed, b, self.d, self.reflectors) for b in range(self.depth, depth)]
+        new = [
+            block_vectors(self.seed, b, self.d, self.reflectors) for b in range(self.depth, depth)
+        ]
         self.u = np.concatenate([self.u, *new])
         self.depth = depth
         n_full = len(self.u) // self.nb

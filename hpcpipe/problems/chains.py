@@ -14,9 +14,8 @@ iteration counts have the same distribution under either layer type.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
