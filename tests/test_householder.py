@@ -180,3 +180,42 @@ def test_householder_is_for_the_chains(capsys):
     text = capsys.readouterr().err
     assert rc == 2 and "layers = 'householder' is not allowed" in text
     assert "fewshot trains a ReLU MLP" in text
+
+
+def _driver(module: str, args: list[str], limit: str, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, **{LIMIT_ENV: limit})
+    cmd = [sys.executable, "-m", f"hpcpipe.studies.{module}", "--out", str(tmp_path / "R"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_study_drivers_refuse_a_too_large_study_in_one_line(tmp_path):
+    """Before any work: exit 2, one line naming the memory and the fix, nothing written."""
+    p = _driver("depth_runs", ["--xs", "128", "--depths", "2,4096"], "300M", tmp_path)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "depth = 4096, dim = 1024: 2 workers need about" in lines[0]
+    assert "use fewer --workers, smaller sizes or --layers householder" in lines[0]
+    assert not (tmp_path / "R").exists()
+    p = _driver("dimension_runs", ["--dims", "16,64"], "1M", tmp_path)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "the run needs about" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "R").exists()
+
+
+def test_the_householder_depth_study_fits_where_the_dense_one_is_refused(monkeypatch):
+    from hpcpipe.errors import ConfigError
+    from hpcpipe.studies.depth_runs import DepthPlan, all_points, check_points
+
+    monkeypatch.setenv(LIMIT_ENV, "4G")
+    plan = DepthPlan(xs=(128.0,), depths=(2, 4096), layers="householder", extra={})
+    points = all_points(plan)
+    assert {v["layers"] for v in points} == {"householder"}
+    assert {v["dim"] for v in points} == {1024}
+    check_points(points, workers=2)
+    monkeypatch.setenv(LIMIT_ENV, "200M")
+    with pytest.raises(ConfigError, match="use fewer --workers, smaller sizes"):
+        check_points(points, workers=2)

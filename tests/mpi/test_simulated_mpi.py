@@ -1,8 +1,9 @@
 """executor = "simulated" equals executor = "mpi" on the model clock.
 
 For every schedule, on 1, 2 and 4 ranks (stages = ranks), a short run of the
-same configuration (dense and Householder chain layers, and an MLP) through the run loop: the iterates agree to <= 1e-12 and
-the pipeline time of every iteration is bitwise equal.
+same configuration (chains of dense and of Householder layers, an MLP) through
+the run loop: the iterates agree to <= 1e-12 and the pipeline time of every
+iteration is bitwise equal.
 """
 
 import numpy as np
