@@ -132,6 +132,7 @@ def equivalence_verdict(
     detail: str,
     files: list[str],
     kind: str = "claim",
+    why: str = "",
 ) -> Verdict:
     """A fitted-exponent row decided by ``equivalence``: the bound states the rule and δ, the
     measurement the fit (value [lo, hi]) beside the prediction."""
@@ -140,7 +141,7 @@ def equivalence_verdict(
     return Verdict(
         study,
         claim,
-        f"predicted {what} {target:g}; equivalence test with delta = {delta:g}: reproduced "
+        f"predicted {what} {target:g}{why}; equivalence test with delta = {delta:g}: reproduced "
         f"when the 95% interval lies inside [{target - delta:g}, {target + delta:g}], not "
         f"when it excludes {target:g}, inconclusive otherwise",
         f"{what} {p:.3f} [{lo:.3f}, {hi:.3f}] (predicted {target:g}){detail}",

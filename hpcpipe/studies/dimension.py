@@ -238,7 +238,7 @@ def _price(res, by, dims, tuned) -> None:
         equivalence_verdict(
             NAME,
             "the d^(1/4) price: PPRS iterations to eps at the gamma tuned per d grow like d^(1/4)",
-            "exponent (bias: gamma ~ eps/sqrt(d); step eta <= gamma/(4L); n ~ eta^(-1/2))",
+            "exponent",
             0.25,
             EXPONENT_DELTA,
             (p, lo, hi),
@@ -246,6 +246,7 @@ def _price(res, by, dims, tuned) -> None:
             + ", ".join(f"{SETTINGS[tuned[d]][0]:g}" for d in sorted(tuned))
             + extra,
             sorted(u.rec.file for d, s in tuned.items() for u in by[(d, s)]),
+            why=" (bias: gamma ~ eps/sqrt(d); step eta <= gamma/(4L); n ~ eta^(-1/2))",
         )
     )
 

@@ -212,13 +212,14 @@ def study(records, outdir: Path) -> StudyResult:
             equivalence_verdict(
                 NAME,
                 "AGD time scales as depth*sqrt(beta R^2/eps) (optimal, Theta)",
-                "log-log slope",
+                "slope",
                 1.0,
                 SLOPE_DELTA,
                 loglog_slope(xs[ok], ts[ok]),
                 "",
                 files_of(recs),
                 kind="bound",
+                why=" (log-log, time against depth*sqrt(beta R^2/eps))",
             )
         )
     plt = figure()
