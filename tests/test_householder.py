@@ -219,3 +219,12 @@ def test_the_householder_depth_study_fits_where_the_dense_one_is_refused(monkeyp
     monkeypatch.setenv(LIMIT_ENV, "200M")
     with pytest.raises(ConfigError, match="use fewer --workers, smaller sizes"):
         check_points(points, workers=2)
+
+
+def test_bench_study_measures_the_o_of_d_layers(capsys):
+    from hpcpipe.bench.study import bench_study
+
+    assert bench_study([4], 4, 2, 1, householder=(64, 32)) == 0
+    out = capsys.readouterr().out
+    assert "O(d) layers" in out and "later calls (ms)" in out and "chain (MiB)" in out
+    assert "sanity: ok" in out

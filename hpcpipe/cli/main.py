@@ -558,7 +558,8 @@ def cmd_bench(args, extra: list[str], argv: list[str]) -> int:
         from hpcpipe.bench.study import bench_study
 
         depths = [int(x) for x in (args.depth or "64,512,4096").split(",") if x]
-        return bench_study(depths, 16, int(args.samples.split(",")[0]), args.repeats)
+        K = int(args.samples.split(",")[0])
+        return bench_study(depths, 16, K, args.repeats, householder=(4096, 4096))
     if not os.environ.get(INSIDE):
         if args.case == "peer":
             import importlib.util
