@@ -36,6 +36,15 @@ thread (on a shared machine several BLAS threads per process make the
 d×d QR factorisations of the chain tens of times slower); each writes its
 own file, so an interrupted study resumes by skipping the complete ones.
 
+``layers`` (``--layers``) chooses the chain's orthogonal layers: ``dense`` (the
+shipped study) or ``householder`` (O(d) each, ``layers.Householder``), which
+keeps a chain of Δ = 4096 at d = 4096 in 260 MiB where dense layers would need
+512 GiB. A run's numerics then cost about 8·rΔ·d flops per row and iteration
+(r = 2; K + 1 rows: the K samples and the exact f), so at Δ = 4096 a run costs
+in proportion to Δ·d·K·T: check a small slice before a large x. Every point's
+settings and the memory of ``workers`` points at once are checked before any
+work starts (``check_points``).
+
     python -m hpcpipe.studies.depth_runs --out results/depth-scale
 """
 
