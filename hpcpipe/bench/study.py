@@ -107,7 +107,16 @@ COLUMNS = [
 
 
 def householder_row(depth: int, width: int, K: int, repeats: int) -> dict:
-    """First call, later calls and memory of the fused O(d) chain (module docstring)."""
+    """First call, later calls and memory of the fused O(d) chain (module docstring), on one
+    BLAS thread: the panels' products are small, and on a loaded machine a second BLAS
+    thread that spins while waiting made the case over ten times slower (measured)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        return _householder_row(depth, width, K, repeats)
+
+
+def _householder_row(depth: int, width: int, K: int, repeats: int) -> dict:
     from hpcpipe.model.reflectors import clear_reflector_chains, reflector_chain
 
     clear_reflector_chains()
