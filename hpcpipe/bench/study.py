@@ -11,10 +11,19 @@ samples, γ > 0, GPipe. ``timing`` is the simulator's time for the call
 cached, with the chain fused into one matrix (the executor's default for an
 orthogonal chain) and layer by layer. Sanity: fused and layered give the same
 loss and gradient (<= 1e-12) and the same pipeline time.
+
+The O(d) layers (``layers = "householder"``) are measured at the scale they
+exist for, Δ = 4096 and d = 4096 by default (``householder_row``): the first
+call of a configuration (drawing the chain's rΔ reflectors, their WY panels,
+the schedule's timing and the numerics), the later calls (median), and the
+memory: the chain's bytes beside what Δ dense d×d layers would take, and the
+process's peak resident memory. Sanity: the fused call equals the call layer
+by layer (<= 1e-12) with the same pipeline time.
 """
 
 from __future__ import annotations
 
+import resource
 import time
 
 import numpy as np
@@ -97,7 +106,68 @@ COLUMNS = [
 ]
 
 
-def bench_study(depths, width: int, K: int, repeats: int) -> int:
+def householder_row(depth: int, width: int, K: int, repeats: int) -> dict:
+    """First call, later calls and memory of the fused O(d) chain (module docstring), on one
+    BLAS thread: the panels' products are small, and on a loaded machine a second BLAS
+    thread that spins while waiting made the case over ten times slower (measured)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        return _householder_row(depth, width, K, repeats)
+
+
+def _householder_row(depth: int, width: int, K: int, repeats: int) -> dict:
+    from hpcpipe.model.reflectors import clear_reflector_chains, reflector_chain
+
+    clear_reflector_chains()
+    clear_timings()
+    spec = ModelSpec("householder", depth=depth, d_in=width, d_out=width, head="abs", seed=1)
+    batch = random_batch(spec, 1)
+    costs = CostModel.uniform(depth, 1.0, 1.0)
+    t0 = time.perf_counter()
+    pipe = SimulatedPipeline(spec, batch, "input", "gpipe", samples=K, costs=costs)
+    point = pipe.initial_point() + 0.01
+    first = pipe.evaluate(point, 0.01, 1)
+    t_first = time.perf_counter() - t0
+    t_later, r_fused = _timed(lambda: pipe.evaluate(point, 0.01, 3), repeats)
+    chain = reflector_chain(1, width, depth).nbytes
+    layered = SimulatedPipeline(spec, batch, "input", "gpipe", samples=K, costs=costs, fused="off")
+    r_layer = layered.evaluate(point, 0.01, 3)
+    scale = max(np.abs(r_layer.grad).max(), 1e-300)
+    err = float(np.abs(r_fused.grad - r_layer.grad).max() / scale)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return {
+        "depth": depth,
+        "K": K,
+        "d": width,
+        "first_s": t_first,
+        "later_ms": t_later * 1e3,
+        "chain_mib": chain / 2**20,
+        "dense_gib": 8 * depth * width * width / 2**30,
+        "peak_mib": peak / 2**20,
+        "grad_err": err,
+        "sane": bool(err <= 1e-12 and r_fused.time == r_layer.time == first.time),
+    }
+
+
+HOUSEHOLDER_COLUMNS = [
+    ("depth", "Delta = S"),
+    ("K", "K"),
+    ("d", "d"),
+    ("first_s", "first call (s)"),
+    ("later_ms", "later calls (ms)"),
+    ("chain_mib", "chain (MiB)"),
+    ("dense_gib", "dense layers would take (GiB)"),
+    ("peak_mib", "peak RSS (MiB)"),
+    ("grad_err", "fused vs layered"),
+]
+
+
+def bench_study(
+    depths, width: int, K: int, repeats: int, householder: tuple[int, int] | None = None
+) -> int:
+    """The dense chain at ``depths`` (width ``width``), then, when ``householder`` = (Δ, d)
+    is given, the O(d) chain at that size."""
     rows = [study_row(dp, width, K, repeats) for dp in depths]
     header(
         None,
@@ -108,6 +178,15 @@ def bench_study(depths, width: int, K: int, repeats: int) -> int:
     )
     print(figures(COLUMNS, rows))
     ok = all(r["sane"] for r in rows)
+    if householder is not None:
+        row = householder_row(*householder, K, repeats)
+        print(
+            f"\nO(d) layers (layers = householder, 2 reflectors per layer, fused in WY panels), "
+            f"one oracle call, later calls: median of {repeats}; first call = drawing the "
+            "chain, its panels, the schedule's timing and the numerics; peak RSS of this process"
+        )
+        print(figures(HOUSEHOLDER_COLUMNS, [row]))
+        ok = ok and row["sane"]
     print(
         "sanity: "
         + (

@@ -224,6 +224,72 @@ class Orthogonal(Layer):
             np.matmul(dy, self.q.T, out=out)
 
 
+REFLECTORS = 2  # Householder reflectors per O(d) orthogonal layer
+
+
+class Householder(Layer):
+    """A fixed orthogonal map y = x Q stored and applied in O(d): Q = H₁⋯H_r.
+
+    H_j = I − 2 u_j u_jᵀ/‖u_j‖², u_j ~ N(0, I_d) from the block's seed, r = REFLECTORS.
+    Each H_j is symmetric and H_j² = I, so Q is orthogonal (QᵀQ = H_r⋯H₁H₁⋯H_r = I)
+    and ‖xQ‖ = ‖x‖; applying it costs r dot products and r axpys per row (4rd flops)
+    and storing it r·d numbers, where a dense Haar layer (``Orthogonal``) costs d² of
+    each.
+
+    Why reflectors (not a signed permutation times a fast transform): a dense Haar
+    layer is itself H₁⋯H_d·diag(±1) (its QR factorisation), so this layer is the
+    same construction cut to r reflectors; it exists for every d (no power of two),
+    its backward is the same product in reverse, and a chain of them composes
+    blockwise into BLAS-3 products (``model.reflectors``) for the fused evaluation.
+
+    Mixing: one reflector sends e_i to e_i − 2u_i u/‖u‖², whose coordinates are all
+    non-zero with probability 1 (u Gaussian), so every output coordinate depends on
+    every input coordinate; with r = 2 the off-diagonal entry (i, j) of Q is a
+    non-zero polynomial in the Gaussian u's, non-zero with probability 1. r = 2 also
+    makes det Q = +1 (a rotation, not a reflection).
+    """
+
+    name = "householder"
+
+    def __init__(self, u: Array):
+        if u.ndim != 2 or u.shape[0] < 1:
+            raise ValueError(f"householder: need (reflectors, n) vectors, got {u.shape}")
+        self.u = u
+        self.scale = 2.0 / np.einsum("ij,ij->i", u, u)  # 2/‖u_j‖²
+        self.n_in = self.n_out = u.shape[1]
+
+    @classmethod
+    def init(
+        cls, rng: np.random.Generator, n: int, reflectors: int = REFLECTORS, dtype=np.float64
+    ) -> Householder:
+        """r Gaussian reflector vectors u_j, normalised to ‖u_j‖ = 1."""
+        u = rng.standard_normal((reflectors, n))
+        u /= np.linalg.norm(u, axis=1, keepdims=True)
+        return cls(u.astype(dtype))
+
+    def _apply(self, x: Array, order) -> Array:
+        y = np.array(x, dtype=np.float64, copy=True)
+        for j in order:
+            u = self.u[j]
+            y -= np.outer(self.scale[j] * (y @ u), u)
+        return y
+
+    def forward(self, x, params):
+        """y = x H₁⋯H_r: reflect by H₁ first (row vectors)."""
+        return self._apply(x, range(len(self.u))), None
+
+    def backward(self, dy, cache, params, grads):
+        """dL/dx = dy Qᵀ = dy H_r⋯H₁."""
+        return self._apply(dy, range(len(self.u) - 1, -1, -1))
+
+    def matrix(self) -> Array:
+        """The dense Q (d×d): for tests and small checks only."""
+        return self._apply(np.eye(self.n_in), range(len(self.u)))
+
+
+ORTHOGONAL_LAYERS = (Orthogonal, Householder)
+
+
 class Identity(Layer):
     """y = x (flatten is the identity on the (rows, features) layout used here)."""
 

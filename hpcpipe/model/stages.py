@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hpcpipe.model import rng
-from hpcpipe.model.layers import Dense, Layer, Orthogonal, ReLU
+from hpcpipe.model.layers import Dense, Householder, Layer, Orthogonal, ReLU
 from hpcpipe.model.losses import LossHead, make_head
+from hpcpipe.model.reflectors import block_vectors
 
 Array = np.ndarray
 
 VARIABLES = ("input", "weights")
+KINDS = ("mlp", "dense", "orthogonal", "householder")
+CHAIN_KINDS = ("orthogonal", "householder")  # fixed orthogonal blocks, d_in = d_out
 
 
 class PartitionError(ValueError):
@@ -95,6 +98,8 @@ class ModelSpec(Model):
     the last block (no ReLU); n_0 = d_in, n_1..n_{Δ-1} = width, n_Δ = d_out.
     kind ``orthogonal``: every block is a fixed Haar-random orthogonal map of
     size d_in (= width = d_out); no trainable weights.
+    kind ``householder``: the same chain with O(d) blocks, each a fixed product of
+    ``layers.REFLECTORS`` seeded Householder reflectors (``layers.Householder``).
     kind ``dense``: like ``mlp`` without ReLUs (a linear network).
     """
 
@@ -108,16 +113,16 @@ class ModelSpec(Model):
     seed: int = 0
 
     def __post_init__(self):
-        if self.kind not in ("mlp", "dense", "orthogonal"):
-            raise ValueError(f"model kind {self.kind!r}: choose mlp, dense or orthogonal")
+        if self.kind not in KINDS:
+            raise ValueError(f"model kind {self.kind!r}: choose {', '.join(KINDS)}")
         if self.depth < 1:
             raise ValueError(f"depth must be >= 1, got {self.depth}")
-        if self.kind == "orthogonal" and self.d_in != self.d_out:
+        if self.kind in CHAIN_KINDS and self.d_in != self.d_out:
             raise ValueError("an orthogonal chain needs d_in == d_out")
 
     def dims(self) -> list[int]:
         """Feature sizes n_0..n_Δ between blocks."""
-        if self.kind == "orthogonal":
+        if self.kind in CHAIN_KINDS:
             return [self.d_in] * (self.depth + 1)
         w = self.width or self.d_in
         return [self.d_in] + [w] * (self.depth - 1) + [self.d_out]
@@ -127,6 +132,8 @@ class ModelSpec(Model):
         n = self.dims()
         if self.kind == "orthogonal":
             return [Orthogonal(_orthogonal_matrix(self.seed, b, n[b]))]
+        if self.kind == "householder":
+            return [Householder(block_vectors(self.seed, b, n[b]))]
         g = rng.init_generator(self.seed, b)
         layers: list[Layer] = [Dense.init(g, n[b], n[b + 1])]
         if self.kind == "mlp" and b < self.depth - 1:
@@ -135,7 +142,7 @@ class ModelSpec(Model):
 
     def block_size(self, b: int) -> int:
         """Number of trainable parameters of block b (without building it)."""
-        if self.kind == "orthogonal":
+        if self.kind in CHAIN_KINDS:
             return 0
         n = self.dims()
         return n[b] * n[b + 1] + n[b + 1]

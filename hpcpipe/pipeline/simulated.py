@@ -16,7 +16,9 @@ A chain of fixed orthogonal blocks composes exactly, h_Δ ∘ … ∘ h_1(x) = x
 with Q = Q₁⋯Q_Δ (row-vector convention, layers.Orthogonal), and its
 backward is dx = dz Qᵀ; ``fused`` builds the d×d map Q once and evaluates
 with one product each way instead of Δ (tested equal to the layered
-evaluation to <= 1e-12).
+evaluation to <= 1e-12). A built-in chain of Householder layers (``layers =
+"householder"``) is fused without forming Q: its rΔ reflectors are applied as
+one stack in compact-WY panels (``model.reflectors``), O(Δd) memory and time.
 
 The time of a call is not measured: it is the makespan of the schedule on S
 stages under the cost model (t_F, t_B per block summed per stage as the
@@ -33,7 +35,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcpipe.model import rng
-from hpcpipe.model.layers import Orthogonal, backward_layers, forward_layers, load_blas
+from hpcpipe.model.layers import (
+    ORTHOGONAL_LAYERS,
+    Orthogonal,
+    backward_layers,
+    forward_layers,
+    load_blas,
+)
+from hpcpipe.model.reflectors import reflector_chain
 from hpcpipe.model.stages import (
     VARIABLES,
     Batch,
@@ -142,14 +151,14 @@ def clear_timings() -> None:
 
 def is_orthogonal_chain(layers) -> bool:
     """True when every layer is a fixed orthogonal map (the chain composes to one matrix)."""
-    return bool(layers) and all(isinstance(layer, Orthogonal) for layer in layers)
+    return bool(layers) and all(isinstance(layer, ORTHOGONAL_LAYERS) for layer in layers)
 
 
 def chain_matrix(layers) -> np.ndarray:
     """Q = Q₁⋯Q_Δ of a chain of orthogonal layers (row vectors: x ↦ xQ)."""
-    q = np.array(layers[0].q, dtype=np.float64)
-    for layer in layers[1:]:
-        q = q @ layer.q
+    q = np.eye(layers[0].n_in)
+    for layer in layers:
+        q = q @ layer.q if isinstance(layer, Orthogonal) else layer.forward(q, [])[0]
     return q
 
 
@@ -160,7 +169,7 @@ PREFIX_BYTES = 256 * 2**20  # snapshots kept per chain beyond the depths asked f
 
 
 def _builtin_chain(spec) -> bool:
-    return isinstance(spec, ModelSpec) and spec.kind == "orthogonal"
+    return isinstance(spec, ModelSpec) and spec.kind in ("orthogonal", "householder")
 
 
 def _times_block(q: np.ndarray | None, seed: int, b: int, d: int) -> np.ndarray:
@@ -299,7 +308,11 @@ class SimulatedPipeline:
         )
         if fused == "on" and not self.fused:
             raise ValueError("fused = 'on' needs an input variable through an orthogonal chain")
-        if direct:
+        self._reflectors = None
+        if direct and spec.kind == "householder":
+            self._q = None
+            self._reflectors = reflector_chain(spec.seed, spec.d_in, spec.depth)
+        elif direct:
             self._q = builtin_chain_matrix(spec)
         else:
             self._q = chain_matrix(self.model.layers) if self.fused else None
@@ -343,11 +356,15 @@ class SimulatedPipeline:
     def _forward(self, x: np.ndarray, params) -> tuple[np.ndarray, object]:
         if self._q is not None:
             return x @ self._q, None
+        if self._reflectors is not None:
+            return self._reflectors.forward(x, self.spec.depth), None
         return forward_layers(self.model.layers, x, params)
 
     def _backward(self, dz: np.ndarray, cache, params, gviews) -> np.ndarray:
         if self._q is not None:
             return dz @ self._q.T
+        if self._reflectors is not None:
+            return self._reflectors.backward(dz, self.spec.depth)
         return backward_layers(self.model.layers, dz, cache, params, gviews)
 
     def _head(self, z: np.ndarray, k: int, item_losses: np.ndarray) -> np.ndarray:

@@ -3,10 +3,18 @@
 The variable is the input (θ = δ, x = 0, m = 1), passed through Δ fixed
 orthogonal layers Q = Q₁⋯Q_Δ, which keep norms, so f(θ) = g(θQ) has the L,
 β, R and f* of the head g (θ* = z*Qᵀ).
+
+The setting ``layers`` chooses the blocks: ``dense`` (a Haar-random d×d matrix
+each, Δd² memory) or ``householder`` (``layers.Householder``: r seeded reflectors
+each, Δrd memory). Every constant above, and every lower-bound argument of
+``problems.worstcase``, uses only QᵀQ = I, so both give the same problem; GD, AGD
+and PPRS with isotropic Gaussian noise are equivariant under θ ↦ θQ, so their
+iteration counts have the same distribution under either layer type.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,12 +45,23 @@ def _orth_spec(depth: int, d: int, head: str, seed: int, **head_args) -> ModelSp
     )
 
 
+LAYER_KINDS = {"dense": "orthogonal", "householder": "householder"}  # setting -> ModelSpec kind
+
+
 def chain_map(spec: ModelSpec) -> np.ndarray:
-    """Q = Q₁⋯Q_Δ of an orthogonal chain (row-vector convention: z = θQ)."""
+    """Q = Q₁⋯Q_Δ of an orthogonal chain (row-vector convention: z = θQ), either layer type."""
     q = np.eye(spec.d_in)
     for b in range(spec.depth):
-        q = q @ spec.block(b)[0].q
+        q, _ = spec.block(b)[0].forward(q, [])
     return q
+
+
+def with_layers(problem: ChainProblem, layers: str) -> ChainProblem:
+    """The same chain problem on the layer type ``layers`` (``LAYER_KINDS``)."""
+    if layers not in LAYER_KINDS:
+        raise ValueError(f"layers {layers!r}: choose one of {', '.join(LAYER_KINDS)}")
+    problem.spec = dataclasses.replace(problem.spec, kind=LAYER_KINDS[layers])
+    return problem
 
 
 def l1_chain(depth: int, d: int, seed: int, radius: float = 1.0) -> ChainProblem:
@@ -113,7 +132,7 @@ def _residual_chain(name: str, spec: ModelSpec, b: np.ndarray, **constant) -> Ch
 def _entry(name: str, make, about: str, check=None) -> ProblemEntry:
     """A chain's registry entry: built from depth, dim and seed; one example; theory-ready."""
     return ProblemEntry(
-        lambda cfg, comm: make(cfg.depth, cfg.dim, cfg.seed),
+        lambda cfg, comm: with_layers(make(cfg.depth, cfg.dim, cfg.seed), cfg.layers),
         check or need_single_example(name),
         theory=True,
         about=about,

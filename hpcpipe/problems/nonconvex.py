@@ -39,7 +39,7 @@ import numpy as np
 from hpcpipe.errors import need
 from hpcpipe.model.stages import Batch
 from hpcpipe.problems.base import ProblemEntry, need_single_example
-from hpcpipe.problems.chains import ChainProblem, _orth_spec
+from hpcpipe.problems.chains import ChainProblem, _orth_spec, with_layers
 
 BETA = 152.0
 ROOT = math.sqrt(2.0 * math.pi * math.e)  # Φ(+∞) = √(2πe)
@@ -89,7 +89,7 @@ def _check(cfg) -> None:
 
 ENTRIES = {
     "zero-chain": ProblemEntry(
-        lambda cfg, comm: zero_chain(cfg.depth, cfg.dim, cfg.seed),
+        lambda cfg, comm: with_layers(zero_chain(cfg.depth, cfg.dim, cfg.seed), cfg.layers),
         _check,
         theory=False,
         about="Carmon et al.'s non-convex chain: β = 152, span methods need d steps to ‖∇f‖ ≤ 1",

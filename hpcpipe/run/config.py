@@ -28,7 +28,7 @@ from hpcpipe.pipeline.executors import EXECUTORS
 from hpcpipe.pipeline.schedules import SCHEDULES
 from hpcpipe.pipeline.wait import WAIT_POLICIES
 from hpcpipe.problems import PROBLEMS
-from hpcpipe.run.resources import memory_error
+from hpcpipe.run.resources import MLP_PROBLEMS, memory_error
 
 PROBLEM, OPTIMIZER, STOPPING, PIPELINE, OUTPUT, TESTING = (
     "problem",
@@ -54,6 +54,11 @@ class RunConfig:
     depth: int = setting(4, "layers (blocks) of the model: depth Delta", PROBLEM)
     width: int = setting(32, "hidden width of the digits MLP (attack, fewshot)", PROBLEM)
     dim: int = setting(16, "dimension d of the convex chains", PROBLEM)
+    layers: str = setting(
+        "dense",
+        "orthogonal layers of the chains: dense (d x d each) or householder (O(d) each)",
+        PROBLEM,
+    )
     m: int = setting(1, "examples per oracle call (images for the attack)", PROBLEM)
     microbatches: int = setting(
         0, "work items M per sample; 0 means one per example (M = m)", PROBLEM
@@ -158,6 +163,7 @@ REGISTRIES = {
 }
 CHOICES = {
     "mode": ("practical", "theory"),
+    "layers": ("dense", "householder"),
     "clock": ("model", "wall"),
     "wait": WAIT_POLICIES,
     "progress": ("auto", "bar", "lines", "off"),
@@ -330,6 +336,12 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
         _need(getattr(cfg, name) >= 1, name, getattr(cfg, name), "must be >= 1")
     _need(cfg.dim >= 1, "dim", cfg.dim, "must be >= 1")
     _need(cfg.width >= 1, "width", cfg.width, "must be >= 1")
+    _need(
+        cfg.layers == "dense" or cfg.problem not in MLP_PROBLEMS,
+        "layers",
+        cfg.layers,
+        f"{cfg.problem} trains a ReLU MLP: layers = 'householder' is for the chain problems",
+    )
     _need(
         0 <= cfg.microbatches <= cfg.m,
         "microbatches",

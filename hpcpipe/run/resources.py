@@ -5,8 +5,16 @@ The estimate is a sum of the parts that grow with the settings (bytes, float64):
 * layers: Δ blocks of n×n weights, n = d for the chains, the MLP width otherwise,
   each held by the training and the evaluation engine with its factor / gradient
   copies — 20·n² bytes per block (measured: 5 KB per d = 16 block, both engines);
+  with ``layers = "householder"`` (the chains' O(d) blocks) a block is r = 2
+  vectors of d, held by both engines: 2·8·r·d bytes per block;
+* a built-in chain on the simulated executor is never built layer by layer: it is
+  composed once per process (``pipeline.simulated``), dense layers into one d×d
+  matrix (with the LAPACK factor and workspace: 4·8·d², plus the kept power-of-two
+  prefixes, at most 256 MiB), Householder layers into one stack of r·Δ vectors
+  (``model.reflectors``: 8·r·Δ·(d + 64) bytes with the panels' T);
 * activations: K samples × M work items × Δ layers × n values, stashed for the
-  backward pass (inputs, outputs, gradients: 4 copies);
+  backward pass (inputs, outputs, gradients: 4 copies); a composed chain keeps no
+  per-layer values: K·M·n values, 4 copies;
 * the iteration table kept in memory: T rows of Python tuples (≈ 500 bytes each),
   when no time budget ends the run earlier;
 * the recorded timeline: (all of the first ``timeline_limit`` iterations, then every
@@ -26,7 +34,9 @@ import re
 
 GiB = 1 << 30
 LIMIT_ENV = "HPCPIPE_MEMORY_LIMIT"
-MLP_PROBLEMS = ("attack", "fewshot")  # their blocks are width x width; the chains' d x d
+MLP_PROBLEMS = ("attack", "attack-targeted", "fewshot")  # width x width blocks; chains' d x d
+REFLECTORS = 2  # layers.REFLECTORS (not imported: this module loads no numpy)
+PREFIX_BYTES = 256 * 2**20  # pipeline.simulated.PREFIX_BYTES
 
 
 def limit_bytes() -> tuple[int, str]:
@@ -57,10 +67,22 @@ def estimate(cfg, n_ranks: int | None = None) -> dict[str, tuple[int, str]]:
     mlp = cfg.problem in MLP_PROBLEMS
     n, name = (cfg.width, "width") if mlp else (cfg.dim, "dim")
     items = cfg.samples * max(cfg.microbatches or cfg.m, 1)
+    householder = not mlp and cfg.layers == "householder"
+    kind = ", layers = householder" if householder else ""
+    # a built-in chain on the simulated executor is composed, not built layer by layer
+    fused = not mlp and ":" not in cfg.problem and cfg.executor == "simulated"
+    if fused and householder:
+        layer_bytes = 8 * REFLECTORS * cfg.depth * (n + 64)
+    elif fused:
+        layer_bytes = 4 * 8 * n * n + min(PREFIX_BYTES, 8 * n * n * cfg.depth.bit_length())
+    elif householder:
+        layer_bytes = 2 * 8 * REFLECTORS * n * cfg.depth
+    else:
+        layer_bytes = 20 * cfg.depth * n * n
     parts = {
-        "layers": (20 * cfg.depth * n * n, f"depth = {cfg.depth}, {name} = {n}"),
+        "layers": (layer_bytes, f"depth = {cfg.depth}, {name} = {n}{kind}"),
         "activations": (
-            4 * 8 * items * cfg.depth * n,
+            4 * 8 * items * (1 if fused else cfg.depth) * n,
             f"samples = {cfg.samples}, m = {cfg.m}, depth = {cfg.depth}, {name} = {n}",
         ),
         "ranks": (100 * 2**20 * ranks, f"{ranks} ranks"),
@@ -92,8 +114,10 @@ def memory_error(cfg, n_ranks: int | None = None) -> str | None:
     if total <= limit:
         return None
     big, (b, why) = max(parts.items(), key=lambda kv: kv[1][0])
+    dense_chain = big == "layers" and cfg.problem not in MLP_PROBLEMS and cfg.layers == "dense"
     return (
         f"{why}: the run needs about {_gib(total)} of memory ({big}: {_gib(b)}), "
         f"more than the {_gib(limit)} of {source}; make it smaller"
+        + (" or set layers = householder (O(d) per layer)" if dense_chain else "")
         + ("" if source == LIMIT_ENV else f" (or set {LIMIT_ENV} for the compute nodes)")
     )

@@ -117,13 +117,14 @@ class Verdict:
     executor: str = ""  # where the numbers come from: "simulated", "mpi", or both
     # why a wall-clock row is not judged (the machine was busy; ``load_check``); ok is None
     not_enforced: str = ""
+    inconclusive: bool = False  # with ok None: an equivalence test that could not decide
 
     @property
     def word(self) -> str:
         if self.not_enforced:
             return f"not enforced ({self.not_enforced})"
         if self.ok is None:
-            return "reported"
+            return "inconclusive" if self.inconclusive else "reported"
         if self.kind == "claim":
             return "reproduced" if self.ok else "not reproduced"
         if self.kind == "design":  # the study met its own design (reported, not enforced)
@@ -140,6 +141,57 @@ class StudyResult:
     tables: list[tuple[str, list[str], list[list]]] = field(default_factory=list)
     figures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+
+def equivalence(lo: float, hi: float, target: float, delta: float) -> bool | None:
+    """An equivalence test of a fitted value against ``target``, from its interval [lo, hi].
+
+    True when the interval lies inside target ± δ (the value is target to within δ, even
+    if the interval excludes target: equivalence is what is tested); False when it
+    excludes target otherwise; None (inconclusive) in the remaining case: the interval
+    holds target but reaches outside the band, as every interval wider than 2δ does.
+    A small study therefore cannot pass by having a wide interval (the rule "the
+    interval contains target" rewards it), and an interval that is not finite (too
+    few points) is inconclusive. This is the two one-sided tests' decision
+    (Schuirmann 1987) at the interval's level, with "excludes target" as the rejection.
+    """
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    if target - delta <= lo and hi <= target + delta:
+        return True
+    if hi < target or lo > target:
+        return False
+    return None
+
+
+def equivalence_verdict(
+    study: str,
+    claim: str,
+    what: str,
+    target: float,
+    delta: float,
+    fit: tuple[float, float, float],
+    detail: str,
+    files: list[str],
+    kind: str = "claim",
+    why: str = "",
+) -> Verdict:
+    """A fitted-exponent row decided by ``equivalence``: the bound states the rule and δ, the
+    measurement the fit (value [lo, hi]) beside the prediction."""
+    p, lo, hi = fit
+    ok = equivalence(lo, hi, target, delta)
+    return Verdict(
+        study,
+        claim,
+        f"predicted {what} {target:g}{why}; equivalence test with delta = {delta:g}: reproduced "
+        f"when the 95% interval lies inside [{target - delta:g}, {target + delta:g}], not "
+        f"when it excludes {target:g}, inconclusive otherwise",
+        f"{what} {p:.3f} [{lo:.3f}, {hi:.3f}] (predicted {target:g}){detail}",
+        ok,
+        files,
+        kind=kind,
+        inconclusive=ok is None,
+    )
 
 
 def linfit(x, y) -> tuple[float, float, float]:

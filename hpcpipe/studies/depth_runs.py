@@ -36,6 +36,15 @@ thread (on a shared machine several BLAS threads per process make the
 d×d QR factorisations of the chain tens of times slower); each writes its
 own file, so an interrupted study resumes by skipping the complete ones.
 
+``layers`` (``--layers``) chooses the chain's orthogonal layers: ``dense`` (the
+shipped study) or ``householder`` (O(d) each, ``layers.Householder``), which
+keeps a chain of Δ = 4096 at d = 4096 in 260 MiB where dense layers would need
+512 GiB. A run's numerics then cost about 8·rΔ·d flops per row and iteration
+(r = 2; K + 1 rows: the K samples and the exact f), so at Δ = 4096 a run costs
+in proportion to Δ·d·K·T: check a small slice before a large x. Every point's
+settings and the memory of ``workers`` points at once are checked before any
+work starts (``check_points``).
+
     python -m hpcpipe.studies.depth_runs --out results/depth-scale
 """
 
@@ -80,6 +89,7 @@ class DepthPlan:
     workers: int = 2
     fault: str = ""
     seed: int = 0
+    layers: str = "dense"  # the chain's orthogonal layers: dense or householder (O(d))
     extra: dict = field(default_factory=dict)  # further run settings for every point
 
 
@@ -96,6 +106,7 @@ def dim_for(plan: DepthPlan, x: float) -> int:
 def _base(plan: DepthPlan, x: float) -> dict:
     return {
         "problem": plan.problem,
+        "layers": plan.layers,
         "dim": dim_for(plan, x),
         "m": 1,
         "schedule": "gpipe",
@@ -182,6 +193,49 @@ def theory_points(plan: DepthPlan) -> list[tuple[str, dict]]:
             else:
                 v.update(optimizer=opt, mode="theory", epsilon=eps)
             pts.append((_label("theory", opt, x, depth), v))
+    return pts
+
+
+def check_points(values: list[dict], workers: int) -> None:
+    """Validate every point's settings before any work starts (ConfigError: one line naming
+    the field and the fix), and the memory of ``workers`` of the largest at once.
+
+    Each worker holds one point's problem, so the study needs about
+    min(workers, points) × the largest point's estimate (``run.resources``)."""
+    from hpcpipe.errors import ConfigError
+    from hpcpipe.run import resources
+    from hpcpipe.run.config import make_config
+
+    worst, worst_cfg = 0, None
+    for v in values:
+        cfg = make_config(v)
+        total = sum(b for b, _ in resources.estimate(cfg).values())
+        if total > worst:
+            worst, worst_cfg = total, cfg
+    n = min(max(workers, 1), len(values))
+    if worst_cfg is None or n <= 1:
+        return
+    limit, source = resources.limit_bytes()
+    if n * worst > limit:
+        parts = resources.estimate(worst_cfg)
+        big, (b, why) = max(parts.items(), key=lambda kv: kv[1][0])
+        gib = resources.GiB
+        fix = " or --layers householder" if worst_cfg.layers == "dense" else ""
+        raise ConfigError(
+            f"{why}: {n} workers need about {n * worst / gib:.3g} GiB of memory "
+            f"({worst / gib:.3g} GiB each; {big}: {b / gib:.3g} GiB), more than the "
+            f"{limit / gib:.3g} GiB of {source}; use fewer --workers, smaller sizes{fix}"
+        )
+
+
+def all_points(plan: DepthPlan) -> list[dict]:
+    """Every simulated point's settings at its largest (theory and tuned points differ from
+    these only in the step; the faults' in what they plant)."""
+    pts = []
+    for _, opt, _, prac in _settings(plan):
+        for depth in plan.depths:
+            v = {**prac, "depth": depth}
+            pts.append(plant(v, plan.fault) if plan.fault and opt == "pprs" else v)
     return pts
 
 
@@ -378,6 +432,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=d.workers)
     p.add_argument("--no-tuned", action="store_true")
     p.add_argument("--fault", default="", choices=("",) + FAULTS)
+    p.add_argument(
+        "--layers",
+        default=d.layers,
+        choices=("dense", "householder"),
+        help="the chain's orthogonal layers: dense (d x d each) or householder (O(d) each)",
+    )
     a = p.parse_args(argv)
     bad = [x for x in a.depths + a.spot_depths if x < 1] + [x for x in a.xs if not x > 0]
     if bad or a.dim < 0 or a.workers < 1 or a.spot_iterations < 1:
@@ -403,7 +463,15 @@ def main(argv: list[str] | None = None) -> int:
         workers=a.workers,
         tuned=not a.no_tuned,
         fault=a.fault,
+        layers=a.layers,
     )
+    from hpcpipe.errors import ConfigError
+
+    try:
+        check_points(all_points(plan), plan.workers)
+    except (ConfigError, ValueError) as e:
+        print(f"depth_runs: {e}", file=sys.stderr)
+        return 2
     run_study(plan)
     return 0
 

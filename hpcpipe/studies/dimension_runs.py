@@ -44,6 +44,7 @@ from pathlib import Path
 
 from hpcpipe.studies.depth_runs import (
     FAULTS,
+    check_points,
     mpi_sweep,
     plant,
     practical,
@@ -241,6 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.write_sweep:
         Path(a.write_sweep).write_text(sweep_text(plan))
         return 0
+    from hpcpipe.errors import ConfigError
+
+    points = [{**_base(plan), **{k: v for k, v in c.items() if k != "label"}} for c in cases(plan)]
+    try:
+        check_points(points, plan.workers)
+    except (ConfigError, ValueError) as e:
+        print(f"dimension_runs: {e}", file=sys.stderr)
+        return 2
     run_study(plan)
     return 0
 

@@ -1,8 +1,9 @@
 """executor = "simulated" equals executor = "mpi" on the model clock.
 
 For every schedule, on 1, 2 and 4 ranks (stages = ranks), a short run of the
-same configuration through the run loop: the iterates agree to <= 1e-12 and
-the pipeline time of every iteration is bitwise equal.
+same configuration (chains of dense and of Householder layers, an MLP) through
+the run loop: the iterates agree to <= 1e-12 and the pipeline time of every
+iteration is bitwise equal.
 """
 
 import numpy as np
@@ -16,6 +17,15 @@ from hpcpipe.run.runner import gather_theta, make_problem, run
 
 CASES = {
     "pprs-max": dict(problem="max-chain", depth=4, dim=6, samples=3, gamma=0.05, lr=0.05),
+    "pprs-max-householder": dict(
+        problem="max-chain",
+        layers="householder",
+        depth=4,
+        dim=6,
+        samples=3,
+        gamma=0.05,
+        lr=0.05,
+    ),
     "pprs-fewshot": dict(
         problem="fewshot", depth=4, width=6, m=4, microbatches=2, samples=2, gamma=0.01, lr=0.1
     ),

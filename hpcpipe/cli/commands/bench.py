@@ -160,7 +160,8 @@ def _study(args: argparse.Namespace, comm) -> int:
     from hpcpipe.bench.study import bench_study
 
     depths = int_list(args.depth or "64,512,4096")
-    return bench_study(depths, 16, int(args.samples.split(",")[0]), args.repeats)
+    K = int(args.samples.split(",")[0])
+    return bench_study(depths, 16, K, args.repeats, householder=(4096, 4096))
 
 
 def _peer_options(parser: argparse.ArgumentParser) -> None:
