@@ -261,14 +261,14 @@ def bench_transport(
     rows = [
         transport_row(comm, s, iters, rounds, waiter) for s in SIZES if min_bytes <= s <= max_bytes
     ]
-    header(
-        comm,
+    what = (
         f"OSU-style loops: latency of {iters} back-to-back round trips (fewer above 64 KiB), "
         f"bandwidth of windows of 64 messages (16 above 1 MiB) with an ack; {rounds} rounds "
         f"alternating the raw paths ({', '.join(RAW_PATHS)}) and the channel (wait policy "
-        f"{waiter.policy}); medians over rounds; ratio = channel / best raw path, per round",
+        f"{waiter.policy}); medians over rounds; ratio = channel / best raw path, per round"
     )
-    return finish(comm, COLUMNS, rows)
+    header(comm, what)
+    return finish(comm, COLUMNS, rows, "transport", what)
 
 
 def channel_latency(comm, n_doubles: int, iters: int) -> float:
