@@ -86,7 +86,9 @@ def _default(action: argparse.Action) -> str:
 def _options(parser: argparse.ArgumentParser) -> list[str]:
     rows = ["| argument | default | choices | meaning |", "| --- | --- | --- | --- |"]
     for a in parser._actions:
-        if a.help == argparse.SUPPRESS or isinstance(a, argparse._SubParsersAction):
+        if a.help == argparse.SUPPRESS or isinstance(
+            a, (argparse._SubParsersAction, argparse._HelpAction)
+        ):
             continue
         name = ", ".join(a.option_strings) if a.option_strings else (a.metavar or a.dest)
         choices = ", ".join(code(c) for c in a.choices) if a.choices else ""
@@ -116,7 +118,10 @@ def _command(path: list[str], summary: str, parser: argparse.ArgumentParser, dep
         lines += [summary[0].upper() + summary[1:] + ".", ""]
     if parser.description and parser.description != summary:
         lines += [parser.description.strip(), ""]
-    usage = _usage(parser).replace("usage: ", "", 1)
+    usage = "\n".join(  # without "usage: ", the continuation lines 7 columns less indented
+        line[7:] if i and line.startswith(" " * 7) else line
+        for i, line in enumerate(_usage(parser).replace("usage: ", "", 1).splitlines())
+    )
     lines += ["```text", usage, "```", ""]
     lines += _options(parser) + [""]
     for name, (help_, sub) in _subparsers(parser).items():
