@@ -90,12 +90,13 @@ def _options(parser: argparse.ArgumentParser) -> list[str]:
             a, (argparse._SubParsersAction, argparse._HelpAction)
         ):
             continue
-        name = ", ".join(a.option_strings) if a.option_strings else (a.metavar or a.dest)
+        names = a.option_strings or [a.metavar or a.dest]
         choices = ", ".join(code(c) for c in a.choices) if a.choices else ""
         meaning = a.help or ""
         if "%(default)" in meaning:
             meaning = meaning % {"default": a.default}
-        rows.append(f"| {code(name)} | {_default(a)} | {choices} | {cell(meaning)} |")
+        name = ", ".join(code(n) for n in names)
+        rows.append(f"| {name} | {_default(a)} | {choices} | {cell(meaning)} |")
     return rows
 
 
