@@ -453,11 +453,46 @@ def pages() -> dict[str, str]:
     return out
 
 
-if __name__ == "__main__":  # write the pages to a folder, to read them without MkDocs
-    import sys
+def store_report(src: Path, command: str, target: Path = REPORT) -> Path:
+    """Keep an ``hpcpipe analyze`` report (report.md and its figures) as the stored report
+    of the studies page, with a ``record.json`` saying when, how and where it was made.
+    The previous stored report is replaced."""
+    import datetime
+    import shutil
 
-    target = Path(sys.argv[1] if len(sys.argv) > 1 else "site-pages")
+    from hpcpipe.bench.common import machine_line
+
+    if not (src / "report.md").is_file():
+        raise SystemExit(f"store-report: {src} has no report.md (run hpcpipe analyze -o {src})")
+    target.mkdir(parents=True, exist_ok=True)
+    for old in [*target.glob("*.png"), *target.glob("*.md"), *target.glob("record.json")]:
+        old.unlink()
+    for f in [src / "report.md", *sorted(src.glob("*.png"))]:
+        shutil.copy2(f, target / f.name)
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rec = {"date": now, "command": command, "machine": machine_line()}
+    (target / "record.json").write_text(json.dumps(rec, indent=1) + "\n")
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the generated pages to a folder (to read them without MkDocs), or store a
+    report for the studies page."""
+    p = argparse.ArgumentParser(prog="python docs/gen/pages.py", description=main.__doc__)
+    p.add_argument("out", nargs="?", default="site-pages", help="folder for the pages")
+    p.add_argument("--store-report", metavar="DIR", help="an hpcpipe analyze -o DIR folder")
+    p.add_argument("--command", default="", help="with --store-report: what made the report")
+    args = p.parse_args(argv)
+    if args.store_report:
+        print(f"stored {store_report(Path(args.store_report), args.command)}")
+        return 0
+    target = Path(args.out)
     for rel, text in pages().items():
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
         (target / rel).write_text(text)
         print(target / rel)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
