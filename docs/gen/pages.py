@@ -238,19 +238,14 @@ def sweep_page() -> str:
     """The sweep-file format: the module's docstring, its tables and keys, a shipped file."""
     from hpcpipe.studies import sweep
 
-    doc = inspect.getdoc(sweep) or ""
-    head, _, body = doc.partition("\n\n")
+    doc = re.sub(r"``([^`]+)``", r"`\1`", inspect.getdoc(sweep) or "")
     example = DOCS.parent / "jobs" / "sweeps" / "smooth.toml"
     lines = [
         "# Sweep-file format",
         "",
-        head,
+        "From `hpcpipe.studies.sweep` (its docstring, its tables and keys):",
         "",
-        "```text",
-        body.split("\n\n")[0],
-        "```",
-        "",
-        "\n\n".join(body.split("\n\n")[1:]),
+        doc,
         "",
         "## Tables",
         "",
@@ -269,6 +264,11 @@ def sweep_page() -> str:
         "settings before anything runs. A point's file name is its index and a label made "
         "of its case label and grid values, with every character other than letters, "
         "digits and `. + = -` replaced by `_`.",
+        "",
+        "The ranks of a point come from `[sweep] ranks` (or its depth), never from the "
+        "command line: `hpcpipe sweep FILE --np P` sets the ranks of the one local launch "
+        "(default: the largest point's), inside which each point runs on a sub-communicator "
+        "of its own `ranks`. To run every point on 4 ranks, write `ranks = 4`.",
         "",
     ]
     if example.is_file():
