@@ -326,7 +326,7 @@ def studies_page(report: Path = REPORT) -> str:
         rec = json.loads(meta)
         lines += [
             f"Stored report: {cell(rec.get('date', ''))}, `{cell(rec.get('command', ''))}`, "
-            f"{cell(rec.get('machine', ''))}.",
+            f"{cell(rec.get('machine', ''))}. {cell(rec.get('note', ''))}",
             "",
         ]
     else:
@@ -453,7 +453,7 @@ def pages() -> dict[str, str]:
     return out
 
 
-def store_report(src: Path, command: str, target: Path = REPORT) -> Path:
+def store_report(src: Path, command: str, note: str = "", target: Path = REPORT) -> Path:
     """Keep an ``hpcpipe analyze`` report (report.md and its figures) as the stored report
     of the studies page, with a ``record.json`` saying when, how and where it was made.
     The previous stored report is replaced."""
@@ -470,7 +470,7 @@ def store_report(src: Path, command: str, target: Path = REPORT) -> Path:
     for f in [src / "report.md", *sorted(src.glob("*.png"))]:
         shutil.copy2(f, target / f.name)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    rec = {"date": now, "command": command, "machine": machine_line()}
+    rec = {"date": now, "command": command, "machine": machine_line(), "note": note}
     (target / "record.json").write_text(json.dumps(rec, indent=1) + "\n")
     return target
 
@@ -482,9 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", nargs="?", default="site-pages", help="folder for the pages")
     p.add_argument("--store-report", metavar="DIR", help="an hpcpipe analyze -o DIR folder")
     p.add_argument("--command", default="", help="with --store-report: what made the report")
+    p.add_argument("--note", default="", help="with --store-report: how long, at what load")
     args = p.parse_args(argv)
     if args.store_report:
-        print(f"stored {store_report(Path(args.store_report), args.command)}")
+        print(f"stored {store_report(Path(args.store_report), args.command, args.note)}")
         return 0
     target = Path(args.out)
     for rel, text in pages().items():
