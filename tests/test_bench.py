@@ -1,15 +1,26 @@
 """Benchmark commands run on tiny sizes and print their header (no timing is asserted)."""
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from hpcpipe.bench.common import paired, ratios
+from hpcpipe.bench.common import RECORDS_ENV, paired, ratios
 from hpcpipe.bench.simulate import bench_simulate
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+@pytest.fixture(autouse=True)
+def records(tmp_path, monkeypatch):
+    """Every case writes its JSON record: here into the test's own folder."""
+    folder = tmp_path / "records"
+    monkeypatch.setenv(RECORDS_ENV, str(folder))
+    return folder
+
+
+def env():
+    return dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
 
 def bench(*args):
@@ -18,7 +29,7 @@ def bench(*args):
         capture_output=True,
         text=True,
         timeout=120,
-        env=ENV,
+        env=env(),
     )
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.startswith("command: hpcpipe bench " + args[0]), p.stdout
@@ -50,7 +61,7 @@ def test_pipeline_refuses_fewer_layers_than_ranks():
         capture_output=True,
         text=True,
         timeout=120,
-        env=ENV,
+        env=env(),
     )
     assert p.returncode == 2 and "--depth must be >=" in p.stdout + p.stderr
 
@@ -75,3 +86,38 @@ def test_study_case_times_numerics_and_timing_of_the_simulated_executor(capsys):
     assert bench_study([4, 8], 4, 2, 1) == 0
     out = capsys.readouterr().out
     assert "timing (ms)" in out and "numerics fused (ms)" in out and "sanity: ok" in out
+
+
+def test_transport_writes_a_dated_record_of_its_printed_figures(records):
+    """The record holds the command, machine, versions, load and the printed figures."""
+    out = bench("transport", "--max-bytes", "64", "--iters", "5", "--repeats", "1")
+    (path,) = records.glob("transport-*.json")
+    assert f"record: {path}" in out
+    rec = json.loads(path.read_text())
+    assert rec["case"] == "transport" and rec["sane"] is True
+    assert rec["command"].startswith("hpcpipe bench transport --max-bytes 64")
+    assert rec["ranks"] == "2 ranks" and rec["versions"]["MPI"] in out
+    assert rec["machine"]["cores"] >= 1 and len(rec["load_start"]) == 3
+    assert rec["date"].endswith("Z") and rec["wall_s"] > 0
+    printed = [line.split() for line in out.splitlines() if line.split()[0].isdigit()]
+    assert [r[0] for r in rec["rows"]] == [int(p[0]) for p in printed] == [8, 16, 32, 64]
+    col = rec["headings"].index("lat ratio")
+    assert [float(p[col]) for p in printed] == pytest.approx([r[col] for r in rec["rows"]], 1e-3)
+
+
+def test_records_never_overwrite_and_name_the_variable_when_unwritable(
+    records, tmp_path, monkeypatch, capsys
+):
+    from hpcpipe.bench.common import write_record
+
+    paths = [write_record("unit", ["x (s)"], [[x]], sane=True) for x in (1.5, 2.5, 3.5)]
+    assert len(set(paths)) == 3 and sorted(records.glob("unit-*.json")) == sorted(paths)
+    assert [json.loads(p.read_text())["rows"] for p in paths] == [[[1.5]], [[2.5]], [[3.5]]]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("keep")
+    monkeypatch.setenv(RECORDS_ENV, str(blocker))
+    assert write_record("unit", ["x"], [[1]], sane=True) is False
+    err = capsys.readouterr().err
+    assert RECORDS_ENV in err and err.count("\n") == 1 and blocker.read_text() == "keep"
+    monkeypatch.setenv(RECORDS_ENV, "off")
+    assert write_record("unit", ["x"], [[1]], sane=True) is None

@@ -36,7 +36,7 @@ def test_help_lists_every_key_with_type_default_and_meaning(command, capsys):
         assert meaning and " ".join(meaning.split()) in flat, f.name
         default = f.default if f.default != "" else '""'
         assert f"default {default})" in flat, f.name
-    for group in GROUPS:  # one block per group, in the README's order
+    for group in GROUPS:  # one block per group, in the configuration reference's order
         assert f"settings: {group}:" in text
     assert text.index("settings: problem:") < text.index("settings: output:")
 
@@ -87,21 +87,3 @@ def test_options_override_the_file(tmp_path, capsys):
     f.write_text('problem = "quad-chain"\ndepth = 3\n')
     assert main(["validate", str(f), "--depth", "5"]) == 0
     assert "quad-chain, depth 5" in capsys.readouterr().out
-
-
-def test_readme_table_lists_every_key_in_its_group():
-    from pathlib import Path
-
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    rows = [line for line in readme.splitlines() if line.startswith("| ")]
-    group = None
-    seen = {}
-    for row in rows:
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        if len(cells) != 4 or cells[0] == "group" or cells[0].startswith("---"):
-            continue
-        group = cells[0] or group
-        for key in re.findall(r"`([a-z_]+)`", cells[1]):
-            seen[key] = group
-    for f in dataclasses.fields(RunConfig):
-        assert seen.get(f.name) == f.metadata["group"], f.name

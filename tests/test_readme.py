@@ -1,59 +1,91 @@
-"""The README's own examples run as written."""
+"""The README is a short door: its quickstart is what CI runs, its commands and options
+exist, its links lead to files of the repository. (The examples that moved to the
+documentation are run by tests/test_docs.py.)"""
 
-import os
+import argparse
 import re
-import subprocess
+import shlex
 from pathlib import Path
 
-from hpcpipe.cli.launch import mpiexec_command
-
-README = Path(__file__).resolve().parent.parent / "README.md"
-
-
-def test_oracle_example_runs_on_4_ranks_and_frees_its_requests(tmp_path):
-    """'One oracle call': under mpiexec -n 4, one line of output and not one MPICH warning
-    (an engine left open prints "freeing inactive persistent request" per request at exit)."""
-    text = README.read_text()
-    section = text[text.index("### One oracle call") :]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    script = tmp_path / "script.py"
-    script.write_text(code)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    cmd = mpiexec_command(4, [str(script)])
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert p.returncode == 0, p.stderr
-    assert "MPICH" not in p.stderr and "persistent request" not in p.stderr, p.stderr
-    loss, time = (float(x) for x in p.stdout.split())
-    assert loss > 0 and time > 0
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 
 
-def _module_table() -> list[str]:
-    text = README.read_text()
-    block = text[text.index("## What is in the box") : text.index("### One oracle call")]
-    return [line for line in block.splitlines() if line.startswith("| `")]
+def _blocks(lang: str = "bash") -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(), re.S)
 
 
-def test_module_table_names_every_module_and_only_modules_that_exist():
-    """Each module of the package is in the README's table (by its dotted name, or by its
-    name in its package's row), and every dotted name there imports."""
-    import importlib
+def _commands() -> list[list[str]]:
+    """The README's shell commands (continuation lines joined, comments dropped)."""
+    out = []
+    for block in _blocks():
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            while "&&" in words:  # `a && b`: both commands
+                i = words.index("&&")
+                out.append(words[:i])
+                words = words[i + 1 :]
+            if words:
+                out.append(words)
+    return out
 
-    rows = _module_table()
-    named = set(re.findall(r"`(hpcpipe(?:\.\w+)+)`", "\n".join(rows)))
-    for name in sorted(named):
-        importlib.import_module(name)
-    package = README.parent / "hpcpipe"
-    missing = []
-    for path in sorted(package.rglob("*.py")):
-        if path.name in ("__init__.py", "__main__.py"):
+
+def test_readme_is_short():
+    assert len(README.read_text().splitlines()) <= 220
+
+
+def test_quickstart_is_what_ci_runs():
+    """The three quickstart commands, in order, are the ones .ci/run runs."""
+    quick = _blocks()[0]
+    lines = [shlex.split(line, comments=True) for line in quick.splitlines()]
+    assert lines == [
+        ["python", "-m", "pip", "install", ".[mpich,test]"],
+        ["hpcpipe", "demo"],
+        ["python", "-m", "pytest"],
+    ]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'python -m pip install ".[mpich,test]"' in ci
+    assert "\nhpcpipe demo\n" in ci
+    assert re.search(r"\npython -m pytest -v( --durations=[0-9]+)?\n", ci)  # the README's
+
+
+def test_every_hpcpipe_command_and_option_in_the_readme_exists():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs" / "gen"))
+    try:
+        import pages
+    finally:
+        sys.path.pop(0)
+    commands = pages.commands()
+    seen = 0
+    for words in _commands():
+        if "hpcpipe" not in words:
             continue
-        parts = path.relative_to(package.parent).with_suffix("").parts
-        dotted, parent, stem = ".".join(parts), ".".join(parts[:-1]), parts[-1]
-        in_row = any(
-            (f"`{parent}`" in row or f"`{parent}." in row)
-            and (f"`{stem}`" in row or f"`.{stem}`" in row)
-            for row in rows
-        )
-        if dotted not in named and not in_row:
-            missing.append(dotted)
-    assert not missing, f"modules missing from the README's table: {missing}"
+        words = words[words.index("hpcpipe") + 1 :]
+        assert words[0] in commands, words
+        parser = commands[words[0]][1]
+        options = {o for a in parser._actions for o in a.option_strings}
+        if any(isinstance(a, argparse._SubParsersAction) for a in parser._actions):
+            continue  # a command with sub-commands: its options are theirs
+        for w in words[1:]:
+            if w.startswith("--"):
+                assert w.split("=")[0] in options, (words[0], w)
+        seen += 1
+    assert seen >= 7  # demo, run, trace, sweep, analyze; run under srun, jobs
+
+
+def test_links_lead_to_files_of_the_repository():
+    text = README.read_text()
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert links
+    for link in links:
+        if "://" in link:
+            continue
+        assert (ROOT / link).is_file(), link
+    assert "docs/tutorial.md" in links and "docs/how-to/cluster.md" in links
+
+
+def test_no_load_averages_or_run_history():
+    text = README.read_text().lower()
+    assert "load average" not in text and "load 0." not in text and "earlier run" not in text

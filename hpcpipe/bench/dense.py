@@ -17,7 +17,15 @@ import time
 
 import numpy as np
 
-from hpcpipe.bench.common import figures, header, median, paired, ratios
+from hpcpipe.bench.common import (
+    columns_rows,
+    figures,
+    header,
+    median,
+    paired,
+    ratios,
+    write_record,
+)
 from hpcpipe.bench.transport import channel_latency
 from hpcpipe.model.layers import accumulate_outer, backward_layers, forward_layers
 from hpcpipe.model.losses import SquaredResidual
@@ -220,13 +228,13 @@ COLUMNS = [
 
 def bench_dense(comm, widths, mbs, Ms, repeats: int) -> int:
     rows = [dense_case(comm, w, mb, M, repeats) for w in widths for mb in mbs for M in Ms]
-    header(
-        comm,
+    what = (
         f"GPipe training step of a dense chain (one layer per rank, float64), median of "
         f"{repeats}, timing on / off / bare loop interleaved; ratios = median of the per-round "
         "ratios; model = simulator with in-process per-stage compute times and the measured "
-        "one-message channel latency",
+        "one-message channel latency"
     )
+    header(comm, what)
     if comm.rank == 0:
         print(figures(COLUMNS, rows))
         print(
@@ -235,4 +243,8 @@ def bench_dense(comm, widths, mbs, Ms, repeats: int) -> int:
             f"sanity: gradients equal (max rel. diff {max(r['grad_err'] for r in rows):.1e} "
             "<= 1e-12); efficiency = model / step"
         )
+        sane = all(r["grad_err"] <= 1e-12 for r in rows)
+        if write_record("dense", *columns_rows(COLUMNS, rows), sane=sane, comm=comm, what=what):
+            return 0
+        return 1
     return 0

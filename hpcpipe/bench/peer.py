@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from hpcpipe.bench.common import machine_line
+from hpcpipe.bench.common import machine_line, write_record
 from hpcpipe.model.stages import ModelSpec, random_batch
 from hpcpipe.pipeline.engine import Engine
 from hpcpipe.run.table import table
@@ -146,26 +146,17 @@ def bench_peer(comm, widths, mbs, Ms, repeats: int, port: int) -> int:
     if comm.rank == 0:
         print("command: hpcpipe " + " ".join(sys.argv[1:]))
         print(machine_line(comm) + f", torch {torch.__version__} (gloo, 1 thread)")
-        print(
+        what = (
             "one GPipe training step (forward + backward of M microbatches of mb rows, "
-            "float64), median of the interleaved repeats"
+            f"float64), median of the interleaved repeats; torch {torch.__version__} "
+            "(gloo, 1 thread)"
         )
+        print(what)
         keys = ["P", "width", "mb", "M", "hpcpipe_ms", "torch_ms", "speedup", "grad_rel_err"]
-        print(
-            table(
-                [
-                    "P",
-                    "width",
-                    "mb",
-                    "M",
-                    "hpcpipe (ms)",
-                    "torch (ms)",
-                    "torch/hpcpipe",
-                    "grad rel err",
-                ],
-                [[r[k] for k in keys] for r in rows],
-            )
-        )
+        head = ["P", "width", "mb", "M", "hpcpipe (ms)", "torch (ms)", "torch/hpcpipe"]
+        head.append("grad rel err")
+        body = [[r[k] for k in keys] for r in rows]
+        print(table(head, body))
         print(
             "correctness: "
             + (
@@ -174,4 +165,6 @@ def bench_peer(comm, widths, mbs, Ms, repeats: int, port: int) -> int:
                 else "GRADIENTS DIFFER: timings are not comparable"
             )
         )
+        if write_record("peer", head, body, sane=ok, comm=comm, what=what) is False:
+            return 1
     return 0 if ok else 1

@@ -110,9 +110,9 @@ def bench_pipeline(
         for depth in depths
         for K in samples
     ]
-    header(
-        comm,
+    what = (
         f"wall-clock oracle call, emulated layers ({'spin' if spin else 'sleep'}), "
-        f"median of {repeats}; model = simulator, no message cost",
+        f"median of {repeats}; model = simulator, no message cost"
     )
-    return finish(comm, COLUMNS, rows)
+    header(comm, what)
+    return finish(comm, COLUMNS, rows, "pipeline", what)

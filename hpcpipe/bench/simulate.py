@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hpcpipe.bench.common import header, median
+from hpcpipe.bench.common import header, median, write_record
 from hpcpipe.run.table import table
 
 
@@ -27,12 +27,12 @@ def bench_simulate(
     from hpcpipe.pipeline.simulator import throughput
 
     names = [n for n in SCHEDULES.names() if ":" not in n]
-    header(
-        None,
+    what = (
         f"simulator, random per-stage and per-message costs; S = n = {stages} and "
         f"S = n = {big} (median of {repeats} and {big_repeats}), query S = {query[0]}, "
-        f"n = {query[1]} (one run)",
+        f"n = {query[1]} (one run)"
     )
+    header(None, what)
     rows = []
     for S, n, reps in ((stages, items, repeats), (big, big, big_repeats), (*query, 1)):
         for name in names:
@@ -41,5 +41,7 @@ def bench_simulate(
             acts, kernel = runs[0][0], runs[0][3]
             rows.append([name, S, n, acts, kernel, wall, cpu, acts / wall / 1e6, acts / cpu / 1e6])
     head = ["schedule", "S", "n", "actions", "kernel", "wall (s)", "cpu (s)"]
-    print(table(head + ["M actions/s (wall)", "M actions/s (cpu)"], rows))
-    return 0
+    head += ["M actions/s (wall)", "M actions/s (cpu)"]
+    print(table(head, rows))
+    sane = all(r[5] > 0 and r[6] > 0 for r in rows)
+    return 0 if write_record("simulate", head, rows, sane=sane, what=what) is not False else 1

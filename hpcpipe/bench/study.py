@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from hpcpipe.bench.common import figures, header, median
+from hpcpipe.bench.common import columns_rows, figures, header, median, write_record
 from hpcpipe.model.stages import ModelSpec, random_batch
 from hpcpipe.pipeline.clocks import CostModel
 from hpcpipe.pipeline.simulated import SimulatedPipeline, clear_timings, schedule_timing
@@ -169,13 +169,13 @@ def bench_study(
     """The dense chain at ``depths`` (width ``width``), then, when ``householder`` = (Δ, d)
     is given, the O(d) chain at that size."""
     rows = [study_row(dp, width, K, repeats) for dp in depths]
-    header(
-        None,
+    what = (
         f"one oracle call of the simulated pipeline (GPipe, S = Delta, m = 1, gamma = 0.01, "
         f"t_F = t_B = 1 per block), median of {repeats}; timing = schedule simulation "
         "(first call of a configuration; cached after), numerics = the call with the timing "
-        "cached; build = constructing both executors (layers, schedule)",
+        "cached; build = constructing both executors (layers, schedule)"
     )
+    header(None, what)
     print(figures(COLUMNS, rows))
     ok = all(r["sane"] for r in rows)
     if householder is not None:
@@ -195,4 +195,5 @@ def bench_study(
             else "FAILED (fused and layered calls differ)"
         )
     )
-    return 0 if ok else 1
+    written = write_record("study", *columns_rows(COLUMNS, rows), sane=ok, what=what)
+    return 0 if ok and written is not False else 1

@@ -298,15 +298,15 @@ def bench_transport(
                     rows.append({"pair": label, **transport_row(sub, s, iters, rounds, waiter)})
             sub.Free()
         comm.Barrier()
-    header(
-        comm,
+    what = (
         f"OSU-style loops: latency of {iters} back-to-back round trips (fewer above 64 KiB), "
         f"bandwidth of windows of 64 messages (16 above 1 MiB) with an ack; {rounds} rounds "
         f"alternating the raw paths ({', '.join(RAW_PATHS)}) and the channel (wait policy "
         f"{waiter.policy}); medians over rounds; ratio = channel / best raw path, per round; "
-        f"pairs: {', '.join(f'ranks {a}-{b} on {label}' for a, b, label in pairs)}",
+        f"pairs: {', '.join(f'ranks {a}-{b} on {label}' for a, b, label in pairs)}"
     )
-    return finish(comm, COLUMNS, rows)
+    header(comm, what)
+    return finish(comm, COLUMNS, rows, "transport", what)
 
 
 def channel_latency(comm, n_doubles: int, iters: int) -> float:

@@ -153,7 +153,8 @@ def _analyse(dirs, outdir, only, warn) -> tuple[list[StudyResult], Path]:
     return results, write_report(results, outdir, dirs)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The options of ``hpcpipe analyze``."""
     p = argparse.ArgumentParser(prog="hpcpipe analyze", description=__doc__)
     p.add_argument("dirs", nargs="+", help="directories of result files (searched recursively)")
     p.add_argument("-o", "--out", default="report", help="report directory")
@@ -169,7 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         help="import the package.module:attribute names the result files record (runs their "
         "code; by default such names are not imported, and rows that need them are left out)",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     for d in args.dirs:
         if not Path(d).is_dir():
             what = "is a file, not a folder" if Path(d).exists() else "does not exist"

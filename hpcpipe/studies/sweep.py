@@ -56,7 +56,22 @@ class Sweep:
         return max(p.ranks for p in self.points)
 
 
-SWEEP_KEYS = ("name", "out", "ranks")
+# The sweep-file schema: its tables and the keys of [sweep], with their meaning (the docs'
+# sweep-file page is generated from these).
+TABLES = {
+    "sweep": "the sweep's name, results folder and ranks per point (keys below)",
+    "base": "settings shared by every point: any run setting",
+    "grid": "key = [values, ...]: the points are the cartesian product of these lists",
+    "cases": "optional [[cases]] tables, each a set of settings with a label; "
+    "the points are cases × grid",
+}
+SWEEP_KEYS = {
+    "name": "the sweep's name (default: the file's stem): letters, digits, _ . -, "
+    "at most 64, starting with a letter or digit",
+    "out": "results folder (default results/<name>; --out overrides it)",
+    "ranks": 'ranks per point: a whole number >= 1 (default 1), or "depth": '
+    "a point asks for as many ranks as its depth",
+}
 _SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_LABEL = 120  # bytes of a point's label in its file name (file systems allow 255)
 
@@ -111,7 +126,7 @@ def load_sweep(path: str | Path, out: str | None = None) -> Sweep:
         data = tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, ValueError) as e:
         raise ConfigError(f"sweep file {str(path)!r} is not valid TOML: {e}") from None
-    unknown = set(data) - {"sweep", "base", "grid", "cases"}
+    unknown = set(data) - set(TABLES)
     if unknown:
         raise ConfigError(
             f"sweep file {path}: unknown table(s) {sorted(unknown)}; "
