@@ -285,15 +285,17 @@ def pipeline_speedup(K: int, depth: int) -> float:
 
 
 def gantt_rows(res: SimResult) -> list[list[tuple[float, float, str, int]]]:
-    """Per stage, (start, end, kind, item) cells for a timeline picture."""
+    """Per rank (= per stage with one stage per rank), (start, end, kind, item) cells
+    for a timeline picture."""
     if res.readys is None:
         raise ValueError("simulate(..., record=True) is needed for a timeline")
     rows = []
-    for s, codes in enumerate(res.schedule.codes):
-        its, kds = schedules.decode_list(codes)
+    n = res.schedule.n_items
+    for r, placed in enumerate(res.schedule.order):
+        its, kds = schedules.decode_list(schedules.codes_of(placed, n))
         rows.append(
             [
-                (res.readys[s][p], res.ends[s][p], schedules.Kind(k).letter, i)
+                (res.readys[r][p], res.ends[r][p], schedules.Kind(k).letter, i)
                 for p, (i, k) in enumerate(zip(its, kds))
             ]
         )

@@ -385,19 +385,20 @@ def derived_figures(
 ) -> dict:
     """Per-run figures: bubble fraction and, with emulated layers, efficiency.
 
-    bubble fraction = 1 − Σ_s busy_s / (S · total pipeline time); with
+    bubble fraction = 1 − Σ_r busy_r / (R · total pipeline time) over the R ranks
+    (= stages with one stage per rank); with
     ``layer_time`` > 0 the model's prediction is the simulator's makespan of
     the schedule with t_F = t_B = layer_time per layer (no message cost) per
     iteration, and efficiency = prediction / measured pipeline time.
     """
     from hpcpipe.pipeline.simulator import simulate, stage_times
 
-    S = eng.schedule.n_stages
+    S, R = eng.schedule.n_stages, eng.schedule.n_ranks
     busy = float(summary[:, 0].sum())
     out = {
         "iterations": iterations,
         "pipeline_time": pipeline_time,
-        "bubble_fraction": 1.0 - busy / (S * pipeline_time) if pipeline_time > 0 else 0.0,
+        "bubble_fraction": 1.0 - busy / (R * pipeline_time) if pipeline_time > 0 else 0.0,
     }
     if cfg.layer_time > 0 and iterations > 0:
         tf, tb = stage_times(CostModel.uniform(depth, cfg.layer_time), depth, S)
@@ -486,7 +487,7 @@ def _open_writer(cfg: RunConfig, comm, prob: Problem, opt: Optimizer, T: int, ru
         cfg.output,
         attrs,
         COLUMNS,
-        run.eng.schedule.n_stages,
+        run.eng.schedule.n_ranks,
         state_size=run.offsets[-1],
         state_layout=layout,
     )
