@@ -45,9 +45,16 @@ class CostModel:
         t_backward: float | None = None,
         alpha: float = 0.0,
         beta: float = 0.0,
+        weight_share: float = 0.5,
     ) -> CostModel:
         tb = t_forward if t_backward is None else t_backward
-        return cls((float(t_forward),) * depth, (float(tb),) * depth, float(alpha), float(beta))
+        return cls(
+            (float(t_forward),) * depth,
+            (float(tb),) * depth,
+            float(alpha),
+            float(beta),
+            float(weight_share),
+        )
 
     def stage_costs(self, lo: int, hi: int) -> tuple[float, float]:
         """(t_F, t_B) of a stage holding blocks [lo, hi): sums of its blocks' costs."""
