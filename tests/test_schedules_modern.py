@@ -243,3 +243,49 @@ def test_lists_equal_torch_live(name):
             continue
         ours = [[str(a) for a in acts] for acts in S.build(name, P, n).rank_actions]
         assert ours == peer_torch.pipeline_order(name, P, n), (P, n)
+
+
+def _cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "hpcpipe", "schedule", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "makespan", "peak"),
+    [
+        (["zb-h1"], "27 (closed form 27)", "4 4 4 4"),
+        (["interleaved-1f1b", "--virtual", "2"], "57 (closed form 57)", "11 9 7 5"),
+        (["zb-v"], "51 (closed form 51)", "8 8 8 8"),
+    ],
+)
+def test_schedule_command_prints_grid_makespan_bubble_memory(args, makespan, peak):
+    p = _cli(*args, "--ranks", "4", "--items", "8")
+    assert p.returncode == 0, p.stderr
+    assert "Step 00:" in p.stdout and "Rank 3" in p.stdout
+    assert f"makespan: {makespan}" in p.stdout and "bubble fraction:" in p.stdout
+    assert f"peak stashed activations per rank (items): {peak}" in p.stdout
+
+
+def test_schedule_command_bad_input_and_deadlock(tmp_path):
+    p = _cli("interleaved-1f1b", "--ranks", "4", "--items", "6")
+    assert p.returncode == 2 and "must be a multiple of the ranks (4)" in p.stderr
+    assert "Traceback" not in p.stderr
+    dead = tmp_path / "dead.csv"
+    dead.write_text("0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n")
+    p = _cli("--from-csv", str(dead))
+    assert p.returncode == 2 and "cycle: 0B0 -> 1F1 -> 0B0" in p.stderr
+    assert "0B0*" in p.stderr and "1F1*" in p.stderr
+    out = tmp_path / "zb.csv"
+    out.write_text("keep")
+    p = _cli("zb-h1", "--write-csv", str(out))
+    assert p.returncode == 2 and out.read_text() == "keep"  # never overwritten
+    new = tmp_path / "zb2.csv"
+    assert _cli("zb-h1", "--ranks", "2", "--items", "4", "--write-csv", str(new)).returncode == 0
+    assert new.read_text().splitlines()[0].startswith("0F0,0F1,0I0,0W0,0F2")

@@ -49,12 +49,9 @@ def _schedule_argument() -> dict:
 
 
 def cmd_schedule(args) -> int:
-    from hpcpipe.pipeline import schedules
+    from hpcpipe.pipeline.summary import schedule_command
 
-    sch = schedules.build(args.kind, args.stages, args.items).validate()
-    print(sch.render(actions_per_line=args.width))
-    print("max items in flight per stage:", schedules.max_in_flight(sch))
-    return 0
+    return schedule_command(args)
 
 
 def cmd_info(args) -> int:
@@ -682,18 +679,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "schedule",
-        help="print a schedule's per-stage action table",
-        description="Print which action (sF(i): forward of item i, sB(i): backward) "
-        "each stage runs, in order, and the most items a stage holds at once.",
+        help="print a schedule's per-rank action grid, makespan, bubble and memory",
+        description="Print which action (sF(i): forward of item i on stage s, sB(i): "
+        "backward, sI(i) / sW(i): its input / weight halves) each rank runs, step by step, "
+        "then the makespan on the model clock, the bubble fraction and the peak stashed "
+        "activations per rank.",
     )
     s.add_argument(
         "kind",
+        nargs="?",
         help="the schedule (a registered name or package.module:builder)",
         **_schedule_argument(),
     )
-    s.add_argument("--stages", type=int, default=4, help="pipeline stages S (default 4)")
+    s.add_argument(
+        "--ranks", "--stages", dest="ranks", type=int, default=4, help="ranks P (default 4)"
+    )
     s.add_argument("--items", type=int, default=8, help="work items n per call (default 8)")
-    s.add_argument("--width", type=int, default=None, help="at most this many actions per row")
+    s.add_argument("--virtual", type=int, default=None, help="stages per rank (interleaved)")
+    s.add_argument("--t-forward", type=float, default=1.0, help="t_F per stage (default 1)")
+    s.add_argument("--t-backward", type=float, default=2.0, help="t_B per stage (default 2)")
+    s.add_argument("--t-input", type=float, default=None, help="t_I (default t_B/2)")
+    s.add_argument("--t-weight", type=float, default=None, help="t_W (default t_B/2)")
+    s.add_argument("--message", type=float, default=0.0, help="message cost c between ranks")
+    s.add_argument("--item-bytes", type=float, default=None, help="bytes one item stashes")
+    s.add_argument("--max-steps", type=int, default=None, help="print at most this many steps")
+    s.add_argument("--from-csv", default="", help="read torch's CSV schedule instead of a name")
+    s.add_argument("--write-csv", default="", help="also write the schedule as torch's CSV")
     s.set_defaults(func=cmd_schedule)
 
     s = sub.add_parser(

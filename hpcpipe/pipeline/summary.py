@@ -67,3 +67,79 @@ def _closed_form_text(schedule, tf, tb, ti, tw, c) -> str:
     except (schedules.OutsideRegime, TypeError):
         return " (closed form: outside its regime)"
     return f" (closed form {value:.12g})"
+
+
+def _fail(message: str) -> int:
+    import sys
+
+    print(f"hpcpipe schedule: {message}", file=sys.stderr)
+    return 2
+
+
+def schedule_command(args) -> int:
+    """``hpcpipe schedule``: build (or read from torch's CSV) a schedule, check it and
+    print ``summary``; with ``--write-csv`` also write torch's CSV. Bad input: one
+    line on stderr and exit 2; a deadlock: the cycle and the marked grid, exit 2."""
+    import sys
+    from pathlib import Path
+
+    from hpcpipe.pipeline import torch_csv
+
+    for field in ("ranks", "items", "virtual"):
+        value = getattr(args, field, None)
+        if value is not None and value < 1:
+            return _fail(f"--{field} must be >= 1, got {value}")
+    for field in ("t_forward", "t_backward", "t_input", "t_weight", "message", "item_bytes"):
+        value = getattr(args, field, None)
+        if value is not None and not (value >= 0 and np.isfinite(value)):
+            return _fail(f"--{field.replace('_', '-')} must be a finite number >= 0, got {value}")
+    if (args.t_input is None) != (args.t_weight is None):
+        return _fail("--t-input and --t-weight go together (t_B = t_I + t_W): give both or none")
+    out = args.write_csv
+    if out:
+        p = Path(out)
+        if p.exists():
+            return _fail(f"--write-csv {out} exists: choose another path (it is never overwritten)")
+        if not p.parent.is_dir():
+            return _fail(f"--write-csv {out}: folder {str(p.parent)!r} does not exist")
+    if args.from_csv:
+        if not Path(args.from_csv).is_file():
+            return _fail(f"--from-csv {args.from_csv}: no such file")
+        try:
+            sch = torch_csv.read_csv(args.from_csv)
+        except (schedules.ScheduleError, OSError, UnicodeDecodeError) as e:
+            return _fail(f"--from-csv {args.from_csv}: {e}")
+    elif not args.kind:
+        return _fail("name a schedule (e.g. zb-h1) or give --from-csv FILE")
+    else:
+        options = {} if args.virtual is None else {"virtual": args.virtual}
+        try:
+            sch = schedules.build(args.kind, args.ranks, args.items, **options)
+        except TypeError:
+            return _fail(f"--virtual: schedule {args.kind!r} has one stage per rank")
+        except schedules.ScheduleError as e:
+            return _fail(str(e).splitlines()[0])
+    try:
+        sch.validate()
+    except schedules.ScheduleError as e:
+        print(f"hpcpipe schedule: refused: {e}", file=sys.stderr)
+        return 2
+    tb = args.t_backward
+    if args.t_input is not None:
+        tb = args.t_input + args.t_weight
+    print(
+        summary(
+            sch,
+            args.t_forward,
+            tb,
+            args.t_input,
+            args.t_weight,
+            args.message,
+            args.item_bytes,
+            args.max_steps,
+        )
+    )
+    if out:
+        torch_csv.write_csv(sch, out)
+        print(f"wrote {out} (torch.distributed.pipelining CSV, compute-only)")
+    return 0
