@@ -253,7 +253,9 @@ class Schedule:
                 raise ScheduleError("a schedule needs its stage lists or its rank lists")
             flat = np.concatenate(self._order) if self._order else np.zeros(0, np.int64)
             st = stages_of(flat, n_items)
-            codes = [codes_of(flat[st == s], n_items) for s in range(n_stages)]
+            by_stage = codes_of(flat[np.argsort(st, kind="stable")], n_items)  # keeps rank order
+            cuts = np.cumsum(np.bincount(st, minlength=n_stages))[:-1] if len(st) else []
+            codes = np.split(by_stage, cuts) if len(st) else [by_stage] * n_stages
         self.codes = tuple(np.asarray(c, dtype=np.int64) for c in codes)
         self.wrong_stage: list[tuple[int, Action]] = []
         # the built-in builder that made these lists ("" otherwise): the simulator
@@ -437,22 +439,23 @@ def zb_h1(n_ranks: int, n_items: int) -> Schedule:
     ``ScheduleInterleavedZeroBubble`` with one stage per rank (tested).
     """
     _check_sizes(n_ranks, n_items)
-    F, I, W = Kind.FORWARD, Kind.INPUT, Kind.WEIGHT
+    n = n_items
+    j = _i(n)
     lists = []
     for s in range(n_ranks):
-        w, d = min(n_items, n_ranks - 1 - s), s
-        lst = [(s, F, i) for i in range(w)]
-        nw = 0
-        for j in range(n_items):
-            if w + j < n_items:
-                lst.append((s, F, w + j))
-            lst.append((s, I, j))
-            if j >= d:
-                lst.append((s, W, nw))
-                nw += 1
-        lst += [(s, W, k) for k in range(nw, n_items)]
-        lists.append(lst)
-    return _rank_schedule("zb-h1", n_items, range(n_ranks), lists, "zb-h1")
+        w, d = min(n, n_ranks - 1 - s), s
+        # step j: F(w + j) while forwards remain, I(j), W(j − d) once j >= d
+        steps = np.full((n, 3), -1, dtype=np.int64)
+        steps[:, 0] = np.where(w + j < n, encode(w + j, Kind.FORWARD), -1)
+        steps[:, 1] = encode(j, Kind.INPUT)
+        steps[:, 2] = np.where(j >= d, encode(j - d, Kind.WEIGHT), -1)
+        flat = steps.ravel()
+        nw = max(0, n - d)
+        codes = np.concatenate(
+            [encode(_i(w), Kind.FORWARD), flat[flat >= 0], encode(_i(n, nw), Kind.WEIGHT)]
+        )
+        lists.append(place(s, codes, n))
+    return Schedule("zb-h1", n_ranks, n, None, "zb-h1", range(n_ranks), lists)
 
 
 def interleaved_1f1b(n_ranks: int, n_items: int, virtual: int = 2) -> Schedule:
@@ -476,21 +479,18 @@ def interleaved_1f1b(n_ranks: int, n_items: int, virtual: int = 2) -> Schedule:
             f"a multiple of the ranks ({P})"
         )
     total = v * n
+    k = _i(total)
+    local, item = (k // P) % v, (k // (P * v)) * P + k % P
     lists = []
     for r in range(P):
-        k = np.arange(total)
-        local = (k // P) % v
-        item = (k // (P * v)) * P + k % P
-        fw = [(int(lo) * P + r, Kind.FORWARD, int(i)) for lo, i in zip(local, item)]
-        bw = [(int(v - 1 - lo) * P + r, Kind.BACKWARD, int(i)) for lo, i in zip(local, item)]
+        fw = place(local * P + r, encode(item, Kind.FORWARD), n)
+        bw = place((v - 1 - local) * P + r, encode(item, Kind.BACKWARD), n)
         warm = min(total, (v - 1) * P + 2 * (P - 1 - r))
-        lst = fw[:warm]
-        for j in range(total - warm):
-            lst += [fw[warm + j], bw[j]]
-        lst += bw[total - warm :]
-        lists.append(lst)
+        mid = np.empty(2 * (total - warm), dtype=np.int64)
+        mid[0::2], mid[1::2] = fw[warm:], bw[: total - warm]
+        lists.append(np.concatenate([fw[:warm], mid, bw[total - warm :]]))
     placement = [s % P for s in range(v * P)]
-    return _rank_schedule("interleaved-1f1b", n, placement, lists, "interleaved-1f1b")
+    return Schedule("interleaved-1f1b", v * P, n, None, "interleaved-1f1b", placement, lists)
 
 
 def looped_bfs(n_ranks: int, n_items: int, virtual: int = 2) -> Schedule:
@@ -505,15 +505,14 @@ def looped_bfs(n_ranks: int, n_items: int, virtual: int = 2) -> Schedule:
     P, n, v = n_ranks, n_items, int(virtual)
     if v < 1:
         raise ScheduleError(f"virtual stages per rank must be >= 1, got {v}")
+    lo, i = np.divmod(_i(v * n), n)
     lists = []
     for r in range(P):
-        lst = [(lo * P + r, Kind.FORWARD, i) for lo in range(v) for i in range(n)]
-        lst += [
-            (lo * P + r, Kind.BACKWARD, i) for lo in reversed(range(v)) for i in reversed(range(n))
-        ]
-        lists.append(lst)
+        fw = place(lo * P + r, encode(i, Kind.FORWARD), n)
+        bw = place(lo[::-1] * P + r, encode(i[::-1], Kind.BACKWARD), n)
+        lists.append(np.concatenate([fw, bw]))
     placement = [s % P for s in range(v * P)]
-    return _rank_schedule("looped-bfs", n, placement, lists, "looped-bfs")
+    return Schedule("looped-bfs", v * P, n, None, "looped-bfs", placement, lists)
 
 
 def zb_v(n_ranks: int, n_items: int) -> Schedule:
@@ -537,41 +536,49 @@ def zb_v(n_ranks: int, n_items: int) -> Schedule:
     lists = []
     for r in range(P):
         a, b = r, 2 * P - 1 - r
-        lst: list[tuple[int, Kind, int]] = []
-        f0 = f1 = b0 = b1 = 0
-        for _ in range(2 * (P - r) - 1):
-            lst.append((a, F, f0))
-            f0 += 1
-        for _ in range(r):
-            lst += [(b, F, f1), (a, F, f0)]
-            f1 += 1
-            f0 += 1
-        for _ in range(P - r):
-            lst += [(b, F, f1), (b, I, b1), (b, W, b1)]
-            f1 += 1
-            b1 += 1
-        while f1 < f0 or f0 < N:
-            if f0 < N:
-                lst.append((a, F, f0))
-                f0 += 1
-            lst += [(a, I, b0), (a, W, b0), (b, F, f1), (b, I, b1), (b, W, b1)]
-            b0 += 1
-            f1 += 1
-            b1 += 1
-        w0, w1 = b0, b1
-        for _ in range(r):
-            lst += [(a, I, b0), (b, I, b1)]
-            b0 += 1
-            b1 += 1
-        for _ in range(P - r):
-            lst += [(a, I, b0), (a, W, w0)]
-            b0 += 1
-            w0 += 1
-        lst += [(b, W, k) for k in range(w1, b1)]
-        lst += [(a, W, k) for k in range(w0, b0)]
-        lists.append([x for x in lst if x[2] < n])
+
+        def at(stage, kind, item):
+            return place(stage, encode(np.asarray(item, dtype=np.int64), kind), N)
+
+        warm0 = 2 * (P - r) - 1  # forwards of the first stage
+        pairs = _i(r)  # then F(second, k), F(first, warm0 + k)
+        triples = _i(P - r)  # then F, I, W of the second stage, items r + k
+        m = N - P  # steady steps (the loop's count: f0 reaches N, then f1 catches up)
+        j = _i(m)
+        f0 = warm0 + r + j
+        steady = np.stack(
+            [
+                np.where(f0 < N, at(a, F, np.minimum(f0, N - 1)), -1),
+                at(a, I, j),
+                at(a, W, j),
+                at(b, F, P + j),
+                at(b, I, P - r + j),
+                at(b, W, P - r + j),
+            ],
+            axis=1,
+        ).ravel()
+        b0, b1 = m, P - r + m  # next I of each stage after the steady steps
+        cool = np.stack([at(a, I, b0 + pairs), at(b, I, b1 + pairs)], axis=1).ravel()
+        tail = _i(P - r)
+        drain = np.stack([at(a, I, b0 + r + tail), at(a, W, m + tail)], axis=1).ravel()
+        parts = [
+            at(a, F, _i(warm0)),
+            np.stack([at(b, F, pairs), at(a, F, warm0 + pairs)], axis=1).ravel(),
+            np.stack(
+                [at(b, F, r + triples), at(b, I, triples), at(b, W, triples)], axis=1
+            ).ravel(),
+            steady[steady >= 0],
+            cool,
+            drain,
+            at(b, W, np.arange(P - r + m, b1 + r)),  # the second stage's W's left
+            at(a, W, np.arange(m + P - r, b0 + P)),  # then the first stage's
+        ]
+        flat = np.concatenate(parts)
+        keep = items(codes_of(flat, N)) < n  # items past n exist only to shape the lists
+        st, c = stages_of(flat[keep], N), codes_of(flat[keep], N)
+        lists.append(place(st, c, n))
     placement = [s if s < P else 2 * P - 1 - s for s in range(2 * P)]
-    return _rank_schedule("zb-v", n, placement, lists, "zb-v")
+    return Schedule("zb-v", 2 * P, n, None, "zb-v", placement, lists)
 
 
 def sequential_time(S: int, n: int, t_f: float, t_b: float, c: float = 0.0) -> float:

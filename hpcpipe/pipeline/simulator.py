@@ -316,8 +316,9 @@ def throughput(
 
     g = np.random.default_rng(seed)
     sch = schedules.build(name, n_stages, n_items)
-    tf, tb = g.uniform(0.5, 1.5, n_stages), g.uniform(1.0, 3.0, n_stages)
-    msg = g.uniform(0.0, 0.2, (n_stages - 1, n_items))
+    S = sch.n_stages  # n_stages ranks may hold more stages (interleaved, V)
+    tf, tb = g.uniform(0.5, 1.5, S), g.uniform(1.0, 3.0, S)
+    msg = g.uniform(0.0, 0.2, (S - 1, n_items))
     t0, c0 = time.perf_counter(), time.process_time()
     res = simulate(sch, tf, tb, msg)
     return len(sch), time.perf_counter() - t0, time.process_time() - c0, res.method
