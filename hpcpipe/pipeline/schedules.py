@@ -564,9 +564,7 @@ def zb_v(n_ranks: int, n_items: int) -> Schedule:
         parts = [
             at(a, F, _i(warm0)),
             np.stack([at(b, F, pairs), at(a, F, warm0 + pairs)], axis=1).ravel(),
-            np.stack(
-                [at(b, F, r + triples), at(b, I, triples), at(b, W, triples)], axis=1
-            ).ravel(),
+            np.stack([at(b, F, r + triples), at(b, I, triples), at(b, W, triples)], axis=1).ravel(),
             steady[steady >= 0],
             cool,
             drain,
