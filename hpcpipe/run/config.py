@@ -388,10 +388,14 @@ def _check_schedule(cfg: RunConfig, n_ranks: int | None) -> None:
         return
     if cfg.schedule in ("sequential", "gpipe", "1f1b"):
         return  # one stage per rank and any item count: nothing to check (and S can be large)
-    P = (n_ranks or 1) if cfg.executor == "mpi" else (cfg.stages or cfg.depth)
-    n = cfg.samples * (cfg.microbatches or cfg.m)
+    P = n_ranks if cfg.executor == "mpi" else (cfg.stages or cfg.depth)
+    # the item counts of the run's oracle calls: the optimizer's, and the evaluations'
+    counts = {cfg.samples * (cfg.microbatches or cfg.m)} | ({cfg.m} if cfg.eval_every else set())
+    if P is None:  # ranks not known yet (before the launch): the placement alone
+        P, counts = 2, {2}
     try:
-        sch = build(cfg.schedule, P, n)
+        for n in sorted(counts):
+            sch = build(cfg.schedule, P, n)
     except ScheduleError as e:
         raise ConfigError(f"schedule = {cfg.schedule!r}: {e}") from None
     if cfg.executor == "mpi":
@@ -399,8 +403,8 @@ def _check_schedule(cfg: RunConfig, n_ranks: int | None) -> None:
             sch.one_stage_per_rank,
             "schedule",
             cfg.schedule,
-            f"it places {sch.n_stages} stages on {sch.n_ranks} ranks and the MPI engine runs "
-            "one stage per rank: use executor = 'simulated' (with stages = the rank count)",
+            f"it places {sch.n_stages // sch.n_ranks} stages on each rank and the MPI engine "
+            "runs one stage per rank: use executor = 'simulated' (with stages = the rank count)",
         )
     _need(
         sch.n_stages <= cfg.depth,
