@@ -258,8 +258,9 @@ def simulate_uniform(
 ) -> SimResult:
     """Simulate a named schedule with the same costs on every stage and message."""
     sch = schedules.build(name, n_stages, n_items)
-    msg = np.full((max(n_stages - 1, 0), 1), float(c))
-    return simulate(sch, [t_f] * n_stages, [t_b] * n_stages, msg, record)
+    S = sch.n_stages  # n_stages ranks may hold more stages (interleaved, V)
+    msg = np.full((max(S - 1, 0), 1), float(c))
+    return simulate(sch, [t_f] * S, [t_b] * S, msg, record)
 
 
 def closed_form(name: str, S: int, n: int, t_f: float, t_b: float, c: float = 0.0) -> float:
