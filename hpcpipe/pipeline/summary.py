@@ -17,8 +17,8 @@ def summary(
     item_bytes: float | None = None,
     max_steps: int | None = None,
 ) -> str:
-    """The per-rank grid (step × rank), then the makespan, the bubble fraction and the
-    peak stashed activations per rank, under uniform per-stage costs.
+    """Each stage's list, the per-rank grid (step × rank), then the makespan, the bubble
+    fraction and the peak stashed activations per rank, under uniform per-stage costs.
 
     The makespan is the simulator's (model clock); with the closed form of a
     registered schedule beside it when its regime holds. ``item_bytes`` is the
@@ -33,8 +33,9 @@ def summary(
     res = simulator.simulate(schedule, tf, tb, msg, t_input=ti, t_weight=tw)
     peak = schedules.peak_stash(schedule)
     lines = [
-        f"{schedule.name}: {schedule.n_ranks} ranks, {S} stages, {schedule.n_items} items, "
-        f"{len(schedule)} actions; placement (stage -> rank) {list(schedule.placement)}",
+        schedules.render(schedule, max_steps),  # each stage's own list
+        f"{schedule.n_ranks} ranks; placement (stage -> rank) {list(schedule.placement)}; "
+        "per-rank grid:",
         schedules.grid(schedule, max_steps=max_steps),
         f"costs per stage: t_F = {t_forward:g}, t_B = {t_backward:g}"
         + (f" (t_I = {t_input:g}, t_W = {t_weight:g})" if ti is not None else "")
