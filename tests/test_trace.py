@@ -142,3 +142,46 @@ def test_gantt_labels_only_what_fits_and_has_a_legend_and_the_bubble(items, labe
     w, h = fig.get_size_inches()
     assert w >= 7 and (items < 50 or w > 9) and h >= 2.6
     plt.close(fig)
+
+
+@pytest.mark.parametrize("name", ["zb-v", "interleaved-1f1b", "zb-h1"])
+def test_placed_schedules_draw_every_action_on_its_rank_and_flow_only_between_ranks(name):
+    from hpcpipe.pipeline import schedules
+    from hpcpipe.pipeline.simulator import simulate
+
+    P, n = 4, 4
+    sch = schedules.build(name, P, n)
+    St = sch.n_stages
+    res = simulate(sch, [1.0] * St, [2.0] * St, np.full((St - 1, 1), 0.25), record=True)
+    cols = defaultdict(list)
+    for r, placed in enumerate(sch.order):
+        st = schedules.stages_of(placed, n)
+        codes = schedules.codes_of(placed, n)
+        for p in range(len(placed)):
+            for k, v in zip(
+                ("iteration", "rank", "stage", "kind", "item", "wait", "start", "end"),
+                (
+                    1,
+                    r,
+                    st[p],
+                    schedules.kinds(codes[p]),
+                    schedules.items(codes[p]),
+                    res.waits[r][p],
+                    res.readys[r][p],
+                    res.ends[r][p],
+                ),
+            ):
+                cols[k].append(v)
+    tl = {
+        k: np.array(v, dtype=float if k in ("wait", "start", "end") else np.int64)
+        for k, v in cols.items()
+    }
+    obj = chrome_trace(tl, "model")
+    acts = [e for e in slices(obj) if e["cat"] in ("F", "B", "I", "W")]
+    assert len(acts) == len(sch)
+    assert all(e["pid"] == sch.placement[e["tid"]] for e in acts)  # each on its rank's track
+    flows = [e for e in obj["traceEvents"] if e["ph"] == "s"]
+    cross = int(np.sum(~schedules.local_hops(sch)))  # links between two ranks
+    assert len(flows) == 2 * n * cross  # an activation and a gradient per item and link
+    f_ev = {e["id"]: e for e in obj["traceEvents"] if e["ph"] == "f"}
+    assert all(f_ev[e["id"]]["pid"] != e["pid"] for e in flows)

@@ -8,7 +8,7 @@ Both expose the same calls, so one engine loop serves both:
   on the whole event table, instead of once per reading);
 * ``receive(stamp, nbytes)``: a message sent at ``stamp`` (sender's clock)
   with ``nbytes`` of payload has been received;
-* ``compute(kind)``: the rank has executed an action of kind F or B.
+* ``compute(kind)``: the rank has executed an action of kind F, B, I or W.
 
 Model clock (docs/design.md §2): an action costs its modelled t_F or t_B (the sum
 over the stage's blocks), a message of n bytes costs α + n·β, and a receive
@@ -33,6 +33,9 @@ class CostModel:
     t_backward: tuple[float, ...] = field(default=())
     alpha: float = 0.0
     beta: float = 0.0
+    # share of a backward that is the weight gradient W (the rest is I):
+    # t_W = share·t_B, t_I = t_B − t_W per stage (schedules.split_backward)
+    weight_share: float = 0.5
 
     @classmethod
     def uniform(
@@ -42,9 +45,16 @@ class CostModel:
         t_backward: float | None = None,
         alpha: float = 0.0,
         beta: float = 0.0,
+        weight_share: float = 0.5,
     ) -> CostModel:
         tb = t_forward if t_backward is None else t_backward
-        return cls((float(t_forward),) * depth, (float(tb),) * depth, float(alpha), float(beta))
+        return cls(
+            (float(t_forward),) * depth,
+            (float(tb),) * depth,
+            float(alpha),
+            float(beta),
+            float(weight_share),
+        )
 
     def stage_costs(self, lo: int, hi: int) -> tuple[float, float]:
         """(t_F, t_B) of a stage holding blocks [lo, hi): sums of its blocks' costs."""
@@ -52,6 +62,11 @@ class CostModel:
 
     def message(self, nbytes: int) -> float:
         return self.alpha + nbytes * self.beta
+
+    def split(self, t_backward: float) -> tuple[float, float]:
+        """(t_I, t_W) of a stage whose backward costs ``t_backward``."""
+        tw = t_backward * self.weight_share
+        return t_backward - tw, tw
 
 
 class NoClock:
@@ -102,8 +117,20 @@ class ModelClock:
 
     name = "model"
 
-    def __init__(self, t_forward: float, t_backward: float, alpha: float, beta: float):
-        self.cost = {"F": float(t_forward), "B": float(t_backward)}
+    def __init__(
+        self,
+        t_forward: float,
+        t_backward: float,
+        alpha: float,
+        beta: float,
+        t_input: float | None = None,
+        t_weight: float | None = None,
+    ):
+        tb = float(t_backward)
+        if t_input is None or t_weight is None:
+            t_weight = tb * 0.5
+            t_input = tb - t_weight
+        self.cost = {"F": float(t_forward), "B": tb, "I": float(t_input), "W": float(t_weight)}
         self.alpha, self.beta = float(alpha), float(beta)
         self.t = 0.0
         self.origin = 0.0
@@ -112,7 +139,7 @@ class ModelClock:
     @classmethod
     def for_stage(cls, costs: CostModel, lo: int, hi: int) -> ModelClock:
         tf, tb = costs.stage_costs(lo, hi)
-        return cls(tf, tb, costs.alpha, costs.beta)
+        return cls(tf, tb, costs.alpha, costs.beta, *costs.split(tb))
 
     def reset(self) -> None:
         self.t = 0.0

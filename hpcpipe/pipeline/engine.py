@@ -14,6 +14,13 @@ owns its own).
 
 Each rank holds one stage. The engine walks the stage's action list; the
 only blocking points are waits on the receive of an action's input.
+
+Split backward (I, W): I computes the whole backward of the stage (dL/dx,
+sent on as B's, and the parameter gradient, accumulated) and W performs no
+arithmetic; on the model clock I costs t_I and W costs t_W (``CostModel
+.split``), and emulated compute waits the same shares, so the timing is the
+schedule's while the gradient is B's exactly. Schedules placing several
+stages on one rank run on the simulated executor.
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ from hpcpipe.pipeline.clocks import CostModel, ModelClock, NoClock, WallClock, a
 from hpcpipe.pipeline.transport import BWD, FWD, Channel, Waiter, tag
 
 FORWARD = int(schedules.Kind.FORWARD)
+INPUT = int(schedules.Kind.INPUT)
+WEIGHT = int(schedules.Kind.WEIGHT)
+KIND_LETTERS = tuple(k.letter for k in schedules.Kind)
 GATHER_LIMIT = 4096  # doubles gathered at the end of a call before two collectives are cheaper
 
 # columns of the per-action event table of one call
@@ -112,11 +122,25 @@ class Engine:
                 f"schedule is for {schedule.n_stages} stages x {schedule.n_items} items, "
                 f"engine has {self.size} ranks x {self.n_items} items"
             )
+        if not schedule.one_stage_per_rank:
+            raise schedules.ScheduleError(
+                f"schedule {schedule.name!r} places {schedule.n_stages} stages on "
+                f"{schedule.n_ranks} ranks; the MPI engine runs one stage per rank: run it "
+                "with the simulated executor (executor = simulated)"
+            )
         schedule.validate()
         self.schedule = schedule
         self.codes: list[int] = schedule.codes[self.rank].tolist()
         self._items_kinds = list(zip(*schedules.decode_list(schedule.codes[self.rank])))
         self.layer_time = float(layer_time) * (hi - lo)
+        share = (costs or CostModel()).weight_share
+        # emulated seconds per kind: F and B a layer time each, I and W its shares
+        self._layer_times = (
+            self.layer_time,
+            self.layer_time,
+            self.layer_time - self.layer_time * share,
+            self.layer_time * share,
+        )
         self.spin = spin
         self.waiter = Waiter(wait, self.size, timeout=timeout)
         # with the watchdog, its report names the peer's host too (a lost node shows by name)
@@ -195,21 +219,23 @@ class Engine:
         self.close()
 
     # ------------------------------------------------------------------
-    def _emulate(self) -> None:
-        if self.layer_time <= 0:
+    def _emulate(self, kind: int = FORWARD) -> None:
+        seconds = self._layer_times[kind]
+        if seconds <= 0:
             return
         if self.spin:
-            end = time.perf_counter() + self.layer_time
+            end = time.perf_counter() + seconds
             while time.perf_counter() < end:
                 pass
         else:
-            time.sleep(self.layer_time)
+            time.sleep(seconds)
 
     def _prepare(self) -> None:
         """Per-action plan, per-item views and buffers that do not change between calls.
 
-        One tuple per action: (forward?, item, sample, microbatch, first row, end
-        row, receive request, input, output, send request). The input is the
+        One tuple per action: (kind, item, sample, microbatch, first row, end
+        row, receive request, input, output, send request); a W has no request,
+        input or output. The input is the
         received payload, the batch rows (first stage) or None (built per call:
         the perturbed input δ, or the last stage's loss gradient); the output is
         the send payload (the layers compute into it), a preallocated buffer for
@@ -242,9 +268,11 @@ class Engine:
             r0, r1 = self.rows[j]
             if kind == FORWARD:
                 inp = self._x_rows[j] if first else rf[i]
-                plan.append((True, i, k, j, r0, r1, rf_req[i], inp, sf[i], sf_req[i]))
-            else:
-                plan.append((False, i, k, j, r0, r1, rb_req[i], rb[i], sb[i], sb_req[i]))
+                plan.append((kind, i, k, j, r0, r1, rf_req[i], inp, sf[i], sf_req[i]))
+            elif kind == WEIGHT:
+                plan.append((kind, i, k, j, r0, r1, None, None, None, None))
+            else:  # B or I
+                plan.append((kind, i, k, j, r0, r1, rb_req[i], rb[i], sb[i], sb_req[i]))
         self._plan = plan
         self._slots = tuple(
             (ch.slots, [ch.nbytes(i) for i in range(n)]) if ch is not None else (None, None)
@@ -371,13 +399,23 @@ class Engine:
         MPI.Prequest.Startall(self._recvs)
         t_first = t_end = tick()
         p, xs = base, xk
-        for fwd, i, k, j, r0, r1, rreq, x, out, sreq in self._plan:
+        for kind, i, k, j, r0, r1, rreq, x, out, sreq in self._plan:
+            fwd = kind == FORWARD
             if rreq is not None:
                 if direct:
                     rreq.Wait()
                 else:
                     receive(rreq, fwd, i)
             ready_add(tick())
+            if kind == WEIGHT:  # its arithmetic ran in the I (see the module docstring)
+                if timed:
+                    if emulate:
+                        self._emulate(WEIGHT)
+                    if model:
+                        clock.compute("W")
+                t_end = tick()
+                end_add(t_end)
+                continue
             if per_sample:
                 p, xs = sample(k)
             if fwd:  # forward of item i
@@ -388,7 +426,7 @@ class Engine:
                     item_losses[i], seeds[i] = head(out, t_rows[j], inv_m)
                 if timed:
                     if emulate:
-                        self._emulate()
+                        self._emulate(FORWARD)
                     if model:
                         clock.compute("F")
             else:  # backward of item i
@@ -399,9 +437,9 @@ class Engine:
                     gdelta[r0:r1] += out
                 if timed:
                     if emulate:
-                        self._emulate()
+                        self._emulate(kind)
                     if model:
-                        clock.compute("B")
+                        clock.compute(KIND_LETTERS[kind])
                 if per_sample:
                     left[k] -= 1
                     if left[k] == 0:

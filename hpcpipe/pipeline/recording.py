@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcpipe.pipeline.engine import EV_END, EV_READY, EV_WAIT, Engine
-from hpcpipe.pipeline.schedules import items, kinds
+from hpcpipe.pipeline.schedules import codes_of, items, kinds, stages_of
 
 N_FIELDS = 8  # iteration, rank, stage, kind, item, wait, start, end
 
@@ -84,13 +84,15 @@ class SimulatedRecorder(Recorder):
     The per-action times are asked of the simulator at the first iteration
     the timeline keeps, so a run that keeps none (no output, or
     ``timeline_limit = 0`` with ``timeline_every`` above its iterations)
-    never asks for them. The timeline's rank field holds the stage.
+    never asks for them. The timeline's rank field holds the rank the
+    schedule places the stage on (the stage itself with one stage per rank),
+    and the totals are per rank.
     """
 
     def __init__(self, executor, limit: int, every: int, keep: bool = True):
         self.engine, self.limit, self.every, self.keep = executor, limit, every, keep
         self.timing = executor.timing
-        S = executor.n_stages
+        S = executor.schedule.n_ranks
         self.busy, self.wait, self.idle = np.zeros(S), np.zeros(S), np.zeros(S)
         self.actions = np.zeros(S, dtype=np.int64)
         self.pending = []
@@ -105,12 +107,15 @@ class SimulatedRecorder(Recorder):
             res = self.engine.recorded_timing().result
             if res is not None:
                 parts = []
-                for s, codes in enumerate(self.engine.schedule.codes):
+                n = self.engine.schedule.n_items
+                for r, placed in enumerate(self.engine.schedule.order):
+                    codes = codes_of(placed, n)
                     rows = np.zeros((len(codes), N_FIELDS))
-                    rows[:, 1] = rows[:, 2] = s
+                    rows[:, 1] = r
+                    rows[:, 2] = stages_of(placed, n)
                     rows[:, 3] = kinds(codes)
                     rows[:, 4] = items(codes)
-                    rows[:, 5], rows[:, 6], rows[:, 7] = res.waits[s], res.readys[s], res.ends[s]
+                    rows[:, 5], rows[:, 6], rows[:, 7] = res.waits[r], res.readys[r], res.ends[r]
                     parts.append(rows)
                 self._static = np.concatenate(parts)
         return self._static

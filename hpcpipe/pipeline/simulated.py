@@ -64,9 +64,10 @@ RECORD_LIMIT = 200_000
 class Timing:
     """The simulated timing of one call, the same for every call of a run.
 
-    makespan: the call's pipeline time; per stage: busy = n(t_F + t_B), wait
-    = end_s − busy_s (a stage is either computing or waiting for an input
-    until its last action ends), idle = makespan − end_s; ``result`` holds
+    makespan: the call's pipeline time; per rank (= per stage with one stage
+    per rank): busy = n(t_F + t_B) summed over its stages, wait = end − busy (a
+    rank is either computing or waiting for an input until its last action
+    ends), idle = makespan − end; ``result`` holds
     the per-action times when they were asked for (``record=True``, for a
     timeline) and the schedule has at most RECORD_LIMIT actions, else None.
     """
@@ -88,6 +89,8 @@ def schedule_timing(
     t_backward: list[float],
     message: list[list[float]],
     record: bool = False,
+    t_input: list[float] | None = None,
+    t_weight: list[float] | None = None,
 ) -> Timing:
     """Simulate ``schedule`` once for these costs; later calls with the same key reuse it.
 
@@ -107,12 +110,16 @@ def schedule_timing(
         tuple(t_forward),
         tuple(t_backward),
         tuple(tuple(row) for row in _compress(message)),
+        None if t_input is None else tuple(t_input),
+        None if t_weight is None else tuple(t_weight),
     )
     record = record and len(schedule) <= RECORD_LIMIT
     hit = _TIMINGS.get(key)
     if hit is not None and (hit.result is not None or not record):
         return hit
-    res = simulate(schedule, t_forward, t_backward, message, record=record)
+    res = simulate(
+        schedule, t_forward, t_backward, message, record=record, t_input=t_input, t_weight=t_weight
+    )
     end = np.array(res.stage_end)
     busy = np.array(res.busy)
     timing = Timing(
@@ -120,7 +127,7 @@ def schedule_timing(
         busy,
         end - busy,
         res.makespan - end,
-        np.array([len(c) for c in schedule.codes], dtype=np.int64),
+        np.array([len(o) for o in schedule.order], dtype=np.int64),
         res if record else None,
     )
     if hit is None and len(_TIMINGS) >= 64:  # a sweep's configurations, bounded
@@ -265,11 +272,19 @@ class SimulatedPipeline:
             raise ValueError(f"samples (K) must be >= 1, got {samples}")
         if fused not in ("auto", "on", "off"):
             raise ValueError(f"fused {fused!r}: choose auto, on or off")
-        S = stages or spec.depth
+        P = stages or spec.depth  # ranks: a schedule may place several stages on one
         self.spec, self.batch, self.variable, self.seed = spec, batch, variable, seed
         self.samples, self.microbatches = samples, microbatches
         self.n_items = samples * microbatches
         self.rows = microbatch_bounds(batch.m, microbatches)
+        if isinstance(schedule, str):
+            schedule = schedules.build(schedule, P, self.n_items)
+        if schedule.n_ranks != P or schedule.n_items != self.n_items:
+            raise schedules.ScheduleError(
+                f"schedule is for {schedule.n_ranks} ranks x {schedule.n_items} items, "
+                f"the simulated pipeline has {P} ranks x {self.n_items} items"
+            )
+        S = schedule.n_stages
         bounds = partition(spec.depth, S)  # raises PartitionError when S > depth
         self.rank, self.size, self.n_stages = 0, 1, S
         # a built-in orthogonal chain is composed straight from its blocks (cached per
@@ -278,13 +293,6 @@ class SimulatedPipeline:
         self.model = None if direct else Stage(spec, 0, spec.depth, 0, 1)
         if weights is not None and self.model is not None:
             self.model.flat[:] = weights
-        if isinstance(schedule, str):
-            schedule = schedules.build(schedule, S, self.n_items)
-        if schedule.n_stages != S or schedule.n_items != self.n_items:
-            raise schedules.ScheduleError(
-                f"schedule is for {schedule.n_stages} stages x {schedule.n_items} items, "
-                f"the simulated pipeline has {S} stages x {self.n_items} items"
-            )
         schedule.validate()
         self.schedule = schedule
         costs = costs or CostModel.uniform(spec.depth, 0.0)
@@ -301,7 +309,10 @@ class SimulatedPipeline:
             self.rows[i % microbatches][1] - self.rows[i % microbatches][0]
             for i in range(self.n_items)
         ]
+        split = [costs.split(t) for t in tb]
+        ti, tw = [a for a, _ in split], [b for _, b in split]
         self._timing_args = (tf, tb, _shared(message_costs(costs, widths, item_rows)))
+        self._split = (ti, tw)
         self._timing: Timing | None = None
         self.fused = direct or (
             fused != "off" and variable == "input" and is_orthogonal_chain(self.model.layers)
@@ -327,14 +338,14 @@ class SimulatedPipeline:
         """The call's simulated timing (simulated on first use, then cached), without
         per-action records: what every call needs (its makespan)."""
         if self._timing is None:
-            self._timing = schedule_timing(self.schedule, *self._timing_args)
+            self._timing = schedule_timing(self.schedule, *self._timing_args, False, *self._split)
         return self._timing
 
     def recorded_timing(self) -> Timing:
         """The same timing with its per-action records (``Timing.result``; None above
         RECORD_LIMIT actions): asked for only when a timeline is written."""
         if self._timing is None or self._timing.result is None:
-            self._timing = schedule_timing(self.schedule, *self._timing_args, record=True)
+            self._timing = schedule_timing(self.schedule, *self._timing_args, True, *self._split)
         return self._timing
 
     def initial_point(self) -> np.ndarray:

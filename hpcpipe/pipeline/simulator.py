@@ -33,12 +33,14 @@ SMALL = 4096  # actions: below this the walk is as fast as any kernel
 
 @dataclass
 class SimResult:
-    """Timing of one schedule: makespan, per-stage end and busy time, every action's end.
+    """Timing of one schedule: makespan, per-rank end and busy time, every action's end.
 
-    end_f[s, i] / end_b[s, i]: end of the forward / backward of item i on
-    stage s; ``ends[s]`` lists stage s's end times in its list order. With
-    ``record``, ``waits`` and ``readys`` are the stage clock before each
-    action and the start of its compute.
+    end_f[s, i] / end_b[s, i] / end_i[s, i] / end_w[s, i]: end of the F / B /
+    I / W of item i on stage s (NaN or +inf where the stage does not run that
+    kind); ``ends[r]`` lists rank r's end times in its list order (with one
+    stage per rank, rank r is stage r, and ``stage_end`` and ``busy`` are per
+    stage as well). With ``record``, ``waits`` and ``readys`` are the rank
+    clock before each action and the start of its compute.
     """
 
     schedule: schedules.Schedule
@@ -50,25 +52,39 @@ class SimResult:
     method: str = "walk"
     waits: list[list[float]] | None = None
     readys: list[list[float]] | None = None
+    end_i: np.ndarray | None = None
+    end_w: np.ndarray | None = None
+
+    @property
+    def by_kind(self) -> tuple[np.ndarray | None, ...]:
+        return (self.end_f, self.end_b, self.end_i, self.end_w)
 
     @cached_property
     def ends(self) -> list[np.ndarray]:
-        by_kind = (self.end_f, self.end_b)
+        by_kind = self.by_kind
+        n = self.schedule.n_items
         out = []
-        for s, codes in enumerate(self.schedule.codes):
+        for o in self.schedule.order:
+            st = schedules.stages_of(o, n)
+            codes = schedules.codes_of(o, n)
             k, i = schedules.kinds(codes), schedules.items(codes)
             e = np.empty(len(codes))
             for kind in schedules.Kind:
                 mine = k == kind
-                e[mine] = by_kind[kind][s, i[mine]]
+                if mine.any():
+                    e[mine] = by_kind[kind][st[mine], i[mine]]
             out.append(e)
         return out
 
     @property
     def bubble_fraction(self) -> float:
-        """Share of stage-time idle: 1 − Σ_s busy_s / (S · makespan)."""
-        S = self.schedule.n_stages
-        return 1.0 - sum(self.busy) / (S * self.makespan) if self.makespan > 0 else 0.0
+        """Share of rank-time idle: 1 − Σ_r busy_r / (R · makespan)."""
+        R = len(self.busy)
+        return 1.0 - sum(self.busy) / (R * self.makespan) if self.makespan > 0 else 0.0
+
+    def peak_stash(self, item_bytes=None) -> list[float]:
+        """Peak stashed activations per rank (items, or bytes with ``item_bytes`` per stage)."""
+        return schedules.peak_stash(self.schedule, item_bytes)
 
 
 def stage_times(costs: CostModel, depth: int, n_stages: int) -> tuple[list[float], list[float]]:
@@ -121,8 +137,8 @@ def _stage_costs(t, S: int, what: str) -> np.ndarray:
     return a
 
 
-def _fast(schedule, tf, tb, msg):
-    """(end_f, end_b, method) by a vectorised kernel, or None when only the walk applies.
+def _fast(schedule, tf, tb, msg, ti, tw):
+    """End times by kind (F, B, I, W) and the method, or None when only the walk applies.
 
     Each kernel repeats the walk's floating-point operations in the same
     order (bitwise equal; tested): ``chain`` for sequential (costs >= 0, where
@@ -132,23 +148,40 @@ def _fast(schedule, tf, tb, msg):
     their builder makes (checked).
     """
     S, n = schedule.n_stages, schedule.n_items
-    if any(np.isnan(a).any() for a in (tf, tb, msg)):
+    if any(np.isnan(a).any() for a in (tf, tb, msg, ti, tw)):
         return None  # max() and the walk's comparison treat NaN differently
-    shape = getattr(schedule, "shape", "")
+    shape = getattr(schedule, "shape", "") if schedule.one_stage_per_rank else ""
+    fb = None
     if shape == "sequential" and wavefront.same_lists(schedule, schedules.sequential(S, n)):
         if min(tf.min(), tb.min(), msg.min(initial=0.0)) >= 0:
-            return (*wavefront.chain(tf, tb, msg), "chain")
+            fb = (*wavefront.chain(tf, tb, msg), "chain")
     if shape == "gpipe" and wavefront.same_lists(schedule, schedules.gpipe(S, n)):
-        return (*wavefront.fill_drain(tf, tb, msg, n), "fill-drain")
+        fb = (*wavefront.fill_drain(tf, tb, msg, n), "fill-drain")
     if shape == "1f1b" and wavefront.same_lists(schedule, schedules.one_f_one_b(S, n)):
-        return (*wavefront.one_f_one_b_steps(tf, tb, msg, n), "1f1b-steps")
-    lengths = {len(c) for c in schedule.codes}
-    if lengths != {schedules.n_codes(n)} or S * schedules.n_codes(n) < SMALL:
-        return None  # incomplete (the walk reports it) or small enough for the walk
+        fb = (*wavefront.one_f_one_b_steps(tf, tb, msg, n), "1f1b-steps")
+    if fb is not None:
+        return fb[0], fb[1], None, None, fb[2]
+    if len(schedule) < SMALL:
+        return None  # small enough for the walk
     try:
-        return (*wavefront.rounds(schedule, tf, tb, msg), "rounds")
+        return (*wavefront.rounds_by_kind(schedule, tf, tb, msg, ti=ti, tw=tw), "rounds")
     except (wavefront.TooSerial, schedules.ScheduleError):
         return None  # the walk times it, or names the deadlock
+
+
+def _busy(schedule, tf, tb, ti, tw) -> list[float]:
+    """Busy time per rank: Σ over its stages of n(t_F + t_B), or n(t_F + t_I + t_W) on a
+    stage that splits its backward (every item runs once per stage)."""
+    n = schedule.n_items
+    split = [bool(np.any(schedules.kinds(c) == schedules.Kind.INPUT)) for c in schedule.codes]
+    per_stage = [
+        n * (tf[s] + ti[s] + tw[s]) if split[s] else n * (tf[s] + tb[s])
+        for s in range(schedule.n_stages)
+    ]
+    out = [0.0] * schedule.n_ranks
+    for s, r in enumerate(schedule.placement):
+        out[r] = per_stage[s] if out[r] == 0.0 else out[r] + per_stage[s]
+    return [float(x) for x in out]
 
 
 def simulate(
@@ -158,38 +191,56 @@ def simulate(
     message=None,
     record: bool = False,
     method: str = "auto",
+    t_input=None,
+    t_weight=None,
 ) -> SimResult:
     """Time ``schedule`` with per-stage costs and per-(boundary, item) message costs.
 
     ``message`` is (S − 1) × n (nested lists or an array; anything that
-    broadcasts to that shape, e.g. one column per boundary). ``method="auto"``
-    uses a vectorised kernel where one applies and the reference walk
-    (``schedules.walk``) otherwise; ``"walk"`` forces the walk. Both give the
-    same floats bit for bit. ``record`` (waits and compute starts, for
-    timelines) always walks.
+    broadcasts to that shape, e.g. one column per boundary); a boundary
+    between two stages of one rank costs nothing (a local copy). ``t_input``
+    and ``t_weight`` are the costs of I and W (default: ``split_backward`` of
+    t_B); a schedule with only B uses t_B. ``method="auto"`` uses a vectorised
+    kernel where one applies and the reference walk (``schedules.walk``)
+    otherwise; ``"walk"`` forces the walk. Both give the same floats bit for
+    bit. ``record`` (waits and compute starts, for timelines) always walks.
     """
     if method not in METHODS:
         raise ValueError(f"method {method!r}: choose one of {', '.join(METHODS)}")
     S, n = schedule.n_stages, schedule.n_items
     tf = _stage_costs(t_forward, S, "t_forward")
     tb = _stage_costs(t_backward, S, "t_backward")
+    if t_input is None or t_weight is None:
+        ti, tw = schedules.split_backward(tb)
+    else:
+        ti, tw = _stage_costs(t_input, S, "t_input"), _stage_costs(t_weight, S, "t_weight")
     msg = _messages(message, S, n)
-    fast = None if (record or method == "walk") else _fast(schedule, tf, tb, msg)
-    busy = (n * (tf + tb)).tolist()
+    fast = None if (record or method == "walk") else _fast(schedule, tf, tb, msg, ti, tw)
+    busy = _busy(schedule, tf, tb, ti, tw)
     if fast is not None:
-        end_f, end_b, how = fast
-        last = np.array([c[-1] for c in schedule.codes])
-        k, i, s = schedules.kinds(last), schedules.items(last), np.arange(S)
-        stage_end = np.where(k == schedules.Kind.FORWARD, end_f[s, i], end_b[s, i]).tolist()
-        return SimResult(schedule, max(stage_end), stage_end, busy, end_f, end_b, how)
-    out = schedules.walk(schedule, tf, tb, msg, record)
+        *by_kind, how = fast
+        stage_end = []
+        for o in schedule.order:
+            s = int(schedules.stages_of(o[-1], n))
+            c = int(schedules.codes_of(o[-1], n))
+            stage_end.append(float(by_kind[int(schedules.kinds(c))][s, int(schedules.items(c))]))
+        return SimResult(
+            schedule, max(stage_end), stage_end, busy, by_kind[0], by_kind[1], how,
+            end_i=by_kind[2], end_w=by_kind[3],
+        )  # fmt: skip
+    out = schedules.walk(schedule, tf, tb, msg, record, ti, tw)
     clock, ends = out[0], [np.asarray(e) for e in out[1]]
-    by_kind = (np.full((S, n), np.nan), np.full((S, n), np.nan))
-    for s, codes in enumerate(schedule.codes):
+    by_kind = tuple(np.full((S, n), np.nan) for _ in schedules.Kind)
+    for o, e in zip(schedule.order, ends):
+        st, codes = schedules.stages_of(o, n), schedules.codes_of(o, n)
         k, i = schedules.kinds(codes), schedules.items(codes)
         for kind in schedules.Kind:
-            by_kind[kind][s, i[k == kind]] = ends[s][k == kind]
-    res = SimResult(schedule, max(clock), list(clock), busy, *by_kind, "walk")
+            m = k == kind
+            by_kind[kind][st[m], i[m]] = e[m]
+    res = SimResult(
+        schedule, max(clock), list(clock), busy, by_kind[0], by_kind[1], "walk",
+        end_i=by_kind[2], end_w=by_kind[3],
+    )  # fmt: skip
     res.__dict__["ends"] = ends  # the walk's own lists (a cached property otherwise)
     if record:
         res.waits, res.readys = out[2], out[3]
@@ -207,8 +258,9 @@ def simulate_uniform(
 ) -> SimResult:
     """Simulate a named schedule with the same costs on every stage and message."""
     sch = schedules.build(name, n_stages, n_items)
-    msg = np.full((max(n_stages - 1, 0), 1), float(c))
-    return simulate(sch, [t_f] * n_stages, [t_b] * n_stages, msg, record)
+    S = sch.n_stages  # n_stages ranks may hold more stages (interleaved, V)
+    msg = np.full((max(S - 1, 0), 1), float(c))
+    return simulate(sch, [t_f] * S, [t_b] * S, msg, record)
 
 
 def closed_form(name: str, S: int, n: int, t_f: float, t_b: float, c: float = 0.0) -> float:
@@ -234,15 +286,17 @@ def pipeline_speedup(K: int, depth: int) -> float:
 
 
 def gantt_rows(res: SimResult) -> list[list[tuple[float, float, str, int]]]:
-    """Per stage, (start, end, kind, item) cells for a timeline picture."""
+    """Per rank (= per stage with one stage per rank), (start, end, kind, item) cells
+    for a timeline picture."""
     if res.readys is None:
         raise ValueError("simulate(..., record=True) is needed for a timeline")
     rows = []
-    for s, codes in enumerate(res.schedule.codes):
-        its, kds = schedules.decode_list(codes)
+    n = res.schedule.n_items
+    for r, placed in enumerate(res.schedule.order):
+        its, kds = schedules.decode_list(schedules.codes_of(placed, n))
         rows.append(
             [
-                (res.readys[s][p], res.ends[s][p], schedules.Kind(k).letter, i)
+                (res.readys[r][p], res.ends[r][p], schedules.Kind(k).letter, i)
                 for p, (i, k) in enumerate(zip(its, kds))
             ]
         )
@@ -263,8 +317,9 @@ def throughput(
 
     g = np.random.default_rng(seed)
     sch = schedules.build(name, n_stages, n_items)
-    tf, tb = g.uniform(0.5, 1.5, n_stages), g.uniform(1.0, 3.0, n_stages)
-    msg = g.uniform(0.0, 0.2, (n_stages - 1, n_items))
+    S = sch.n_stages  # n_stages ranks may hold more stages (interleaved, V)
+    tf, tb = g.uniform(0.5, 1.5, S), g.uniform(1.0, 3.0, S)
+    msg = g.uniform(0.0, 0.2, (S - 1, n_items))
     t0, c0 = time.perf_counter(), time.process_time()
     res = simulate(sch, tf, tb, msg)
     return len(sch), time.perf_counter() - t0, time.process_time() - c0, res.method

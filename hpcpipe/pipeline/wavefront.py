@@ -131,59 +131,95 @@ class TooSerial(Exception):
     """The rounds kernel would be slower than the walk for this schedule."""
 
 
-def rounds(
+def rounds(schedule: Schedule, tf, tb, msg, probe: int | None = None, min_per_round=16.0):
+    """(end_f, end_b) of a schedule of F and B actions by ``rounds_by_kind``."""
+    return rounds_by_kind(schedule, tf, tb, msg, probe, min_per_round)[:2]
+
+
+def rounds_by_kind(
     schedule: Schedule,
     tf: np.ndarray,
     tb: np.ndarray,
     msg: np.ndarray,
     probe: int | None = None,
     min_per_round: float = 16.0,
+    ti: np.ndarray | None = None,
+    tw: np.ndarray | None = None,
 ):
-    """(end_f, end_b) of any complete schedule, one action per ready stage per round.
+    """End times by kind (end_f, end_b, end_i, end_w), each (S, n), of any complete schedule.
 
-    End times are kept by (stage, action code); the dependency of each list
-    position comes from ``schedules.DEPENDENCY``. Raises TooSerial when,
-    after ``probe`` rounds, fewer than ``min_per_round`` actions ran per
-    round on average (the walk is then faster), and ScheduleError when no
-    stage can move (a deadlock: the walk names the actions).
+    One action per ready rank per round. End times are kept by placed code
+    (stage, action code); the dependency of each list position comes from
+    ``schedules.dependency`` (a gradient dependency names the B or the I that
+    the producing stage runs), with no message cost between two stages of one
+    rank. Raises TooSerial when, after ``probe`` rounds, fewer than
+    ``min_per_round`` actions ran per round on average (the walk is then
+    faster), and ScheduleError when no rank can move (a deadlock: the walk
+    names the actions). Entries of actions a stage does not run are +inf.
     """
-    S, n = schedule.n_stages, schedule.n_items
-    probe = 2 * S + 64 if probe is None else probe
+    S, n, R = schedule.n_stages, schedule.n_items, schedule.n_ranks
+    probe = 2 * R + 64 if probe is None else probe
+    if ti is None or tw is None:
+        ti, tw = schedules.split_backward(tb)
     NC = schedules.n_codes(n)
-    codes = np.stack(schedule.codes)  # (S, L): a complete schedule has L = NC on every stage
-    L = codes.shape[1]
+    order = schedule.order
+    L = max(len(o) for o in order)
+    placed = np.full((R, L), -1, dtype=np.int64)
+    for r, o in enumerate(order):
+        placed[r, : len(o)] = o
+    pad = placed < 0
+    stage = np.where(pad, 0, schedules.stages_of(placed, n))
+    codes = np.where(pad, 0, schedules.codes_of(placed, n))
     kind, item = schedules.kinds(codes), schedules.items(codes)
-    stage = np.arange(S)[:, None]
     never, none = S * NC, S * NC + 1  # E[never] = +inf (waits forever), E[none] = -inf
+    # the kind that sends stage s's gradient of item i: B, or I where the stage splits
+    grad = np.full((S + 1, n), int(Kind.BACKWARD), dtype=np.int64)
+    is_i = kind == Kind.INPUT
+    grad[stage[is_i], item[is_i]] = int(Kind.INPUT)
+    local = np.concatenate([schedules.local_hops(schedule), [True]])
     # per position: its own slot, its dependency's slot, its message and its cost;
-    # one extra column per stage where a finished stage parks (it waits forever)
-    own = np.full((S, L + 1), never, dtype=np.int64)
-    own[:, :L] = stage * NC + codes
-    dep = np.full((S, L + 1), never, dtype=np.int64)
-    mcost = np.zeros((S, L + 1))
-    tcost = np.zeros((S, L + 1))
+    # one extra column per rank where a finished rank parks (it waits forever)
+    own = np.full((R, L + 1), never, dtype=np.int64)
+    own[:, :L] = np.where(pad, never, placed)
+    dep = np.full((R, L + 1), never, dtype=np.int64)
+    dep[:, :L] = np.where(pad, never, none)
+    mcost = np.zeros((R, L + 1))
+    tcost = np.zeros((R, L + 1))
     msg0 = np.zeros((S, n))  # row S - 1 stays zero: "no message"
-    msg0[: S - 1] = msg
-    for k, t in ((Kind.FORWARD, tf), (Kind.BACKWARD, tb)):
-        offset, dep_kind = schedules.DEPENDENCY[k]
+    msg0[: S - 1] = np.where(local[: S - 1, None], 0.0, msg)
+    for k, t in ((Kind.FORWARD, tf), (Kind.BACKWARD, tb), (Kind.INPUT, ti), (Kind.WEIGHT, tw)):
+        mine = (kind == k) & ~pad
+        tcost[:, :L] = np.where(mine, np.asarray(t)[stage], tcost[:, :L])
+        d = schedules.DEPENDENCY[k]
+        if d is None:
+            continue
+        offset, dep_kind = d
         ds = stage + offset
         valid = (ds >= 0) & (ds < S)
-        mine = kind == k
-        slot = np.where(valid, ds * NC + schedules.encode(item, dep_kind), none)
+        dsc = np.clip(ds, 0, S)
+        dk = grad[dsc, item] if dep_kind == Kind.BACKWARD else int(dep_kind)
+        slot = np.where(valid, dsc * NC + schedules.encode(item, dk), none)
         dep[:, :L] = np.where(mine, slot, dep[:, :L])
         b = np.where(valid, np.minimum(stage, ds), S - 1)
         mcost[:, :L] = np.where(mine, msg0[b, item], mcost[:, :L])
-        tcost[:, :L] = np.where(mine, t[:, None], tcost[:, :L])
     E = np.full(S * NC + 2, INF)
     E[none] = -INF
     own, dep, mcost, tcost = own.ravel(), dep.ravel(), mcost.ravel(), tcost.ravel()
-    first = np.arange(S) * (L + 1)
+    first = np.arange(R) * (L + 1)
     cur = first.copy()
-    clock = np.zeros(S)
-    d, m, t = np.empty(S), np.empty(S), np.empty(S)
-    di, oi = np.empty(S, dtype=np.int64), np.empty(S, dtype=np.int64)
-    ok = np.empty(S, dtype=bool)
-    total, done, r = S * L, 0, 0
+    lengths = np.array([len(o) for o in order])
+    clock = np.zeros(R)
+    d, m, t = np.empty(R), np.empty(R), np.empty(R)
+    di, oi = np.empty(R, dtype=np.int64), np.empty(R, dtype=np.int64)
+    ok = np.empty(R, dtype=bool)
+    # a rank past its list parks on the padding column of its row: make it the
+    # column right after its last action, which waits forever
+    if np.any(lengths < L):
+        for r in np.flatnonzero(lengths < L):
+            base = r * (L + 1)
+            own[base + lengths[r] : base + L + 1] = never
+            dep[base + lengths[r] : base + L + 1] = never
+    total, done, r = int(lengths.sum()), 0, 0
     while done < total:
         np.take(dep, cur, out=di)
         np.take(E, di, out=d)
@@ -193,7 +229,7 @@ def rounds(
         np.take(tcost, cur, out=t)
         np.add(d, t, out=d)
         np.take(own, cur, out=oi)
-        E[oi] = d  # a stage that waits writes +inf over its own +inf
+        E[oi] = d  # a rank that waits writes +inf over its own +inf
         np.less(d, INF, out=ok)
         np.copyto(clock, d, where=ok)
         cur += ok

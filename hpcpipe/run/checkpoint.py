@@ -94,7 +94,7 @@ def restore(
             f"needs {', '.join(missing)}: resume with the optimizer that wrote it"
         )
     size = len(next(iter(got.arrays.values()))) if got.arrays else 0
-    n_stages = recorder.engine.schedule.n_stages
+    n_stages = recorder.engine.schedule.n_ranks
     if size != offsets[-1] or got.stage.shape[0] != n_stages:
         raise ResultsError(
             f"{path}: its state has {size} values on {got.stage.shape[0]} "

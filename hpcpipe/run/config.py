@@ -431,6 +431,7 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
     _check_executor(cfg, n_ranks)
     if cfg.machine:
         check_machine(cfg, n_ranks)
+    _check_schedule(cfg, n_ranks)
     if n_ranks is not None and cfg.executor == "mpi":
         _need(
             cfg.depth >= n_ranks,
@@ -443,6 +444,43 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
         raise ConfigError(err)
     if check_output:
         _check_output(cfg)
+
+
+def _check_schedule(cfg: RunConfig, n_ranks: int | None) -> None:
+    """A built-in schedule must build for this run: its stage count fits the depth, the
+    MPI engine gets one stage per rank, and the builder's own rules hold (e.g. items a
+    multiple of the ranks for interleaved-1f1b)."""
+    from hpcpipe.pipeline.schedules import ScheduleError, build
+
+    if ":" in str(cfg.schedule) or cfg.schedule not in SCHEDULES.names():
+        return
+    if cfg.schedule in ("sequential", "gpipe", "1f1b"):
+        return  # one stage per rank and any item count: nothing to check (and S can be large)
+    P = n_ranks if cfg.executor == "mpi" else (cfg.stages or cfg.depth)
+    # the item counts of the run's oracle calls: the optimizer's, and the evaluations'
+    counts = {cfg.samples * (cfg.microbatches or cfg.m)} | ({cfg.m} if cfg.eval_every else set())
+    if P is None:  # ranks not known yet (before the launch): the placement alone
+        P, counts = 2, {2}
+    try:
+        for n in sorted(counts):
+            sch = build(cfg.schedule, P, n)
+    except ScheduleError as e:
+        raise ConfigError(f"schedule = {cfg.schedule!r}: {e}") from None
+    if cfg.executor == "mpi":
+        _need(
+            sch.one_stage_per_rank,
+            "schedule",
+            cfg.schedule,
+            f"it places {sch.n_stages // sch.n_ranks} stages on each rank and the MPI engine "
+            "runs one stage per rank: use executor = 'simulated' (with stages = the rank count)",
+        )
+    _need(
+        sch.n_stages <= cfg.depth,
+        "schedule",
+        cfg.schedule,
+        f"it makes {sch.n_stages} stages of {P} ranks and depth = {cfg.depth}: every stage "
+        f"holds a layer, so set stages (ranks) <= {cfg.depth * P // sch.n_stages} or raise depth",
+    )
 
 
 def _check_executor(cfg: RunConfig, n_ranks: int | None) -> None:

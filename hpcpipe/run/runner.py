@@ -490,7 +490,8 @@ def derived_figures(
     """Per-run figures: bubble fraction and, with emulated layers or a machine profile,
     efficiency.
 
-    bubble fraction = 1 − Σ_s busy_s / (S · total pipeline time); with
+    bubble fraction = 1 − Σ_r busy_r / (R · total pipeline time) over the R ranks
+    (= stages with one stage per rank); with
     ``layer_time`` > 0 the model's prediction is the simulator's makespan of
     the schedule with t_F = t_B = layer_time per layer per iteration, messages
     costing α_intra + n·β_intra on hops inside a node and α_inter + n·β_inter on
@@ -502,12 +503,12 @@ def derived_figures(
     """
     from hpcpipe.pipeline.simulator import message_costs, simulate, stage_times
 
-    S = eng.schedule.n_stages
+    S, R = eng.schedule.n_stages, eng.schedule.n_ranks
     busy = float(summary[:, 0].sum())
     out = {
         "iterations": iterations,
         "pipeline_time": pipeline_time,
-        "bubble_fraction": 1.0 - busy / (S * pipeline_time) if pipeline_time > 0 else 0.0,
+        "bubble_fraction": 1.0 - busy / (R * pipeline_time) if pipeline_time > 0 else 0.0,
     }
     if cfg.machine and costs is not None and iterations > 0:
         tf, tb = stage_times(costs, depth, S)
@@ -659,7 +660,7 @@ def _open_writer(cfg: RunConfig, comm, prob: Problem, opt: Optimizer, T: int, ru
         cfg.output,
         attrs,
         COLUMNS,
-        run.eng.schedule.n_stages,
+        run.eng.schedule.n_ranks,
         state_size=run.offsets[-1],
         state_layout=layout,
     )

@@ -31,7 +31,9 @@ from hpcpipe.pipeline.schedules import Kind, consumer
 
 PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
 COLORS = {k.letter: PALETTE[k % len(PALETTE)] for k in Kind}
-MESSAGES = {Kind.FORWARD: "activation", Kind.BACKWARD: "gradient"}
+MESSAGES = {Kind.FORWARD: "activation", Kind.BACKWARD: "gradient", Kind.INPUT: "gradient"}
+# the kinds that may wait for a message of each sending kind (a gradient feeds a B or an I)
+RECEIVERS = {Kind.FORWARD: ("F",), Kind.BACKWARD: ("B", "I"), Kind.INPUT: ("B", "I")}
 
 
 def time_unit(clock: str) -> tuple[float, str]:
@@ -155,15 +157,23 @@ def chrome_trace(
 
 def _flows(slices: dict, n_stages: int) -> list[dict]:
     """One arrow per message, to the action that waits for it (``schedules.consumer``):
-    F(s, i) -> F(s + 1, i), an activation; B(s, i) -> B(s - 1, i), a gradient."""
+    F(s, i) -> F(s + 1, i), an activation; B or I (s, i) -> B or I (s - 1, i), a
+    gradient. A hand-off between two stages of one rank is a local copy, not a
+    message: it gets no arrow. W sends nothing."""
     out, fid = [], 0
     for (it, s, kind, item), (pid, tid, ts) in slices.items():
         k = Kind.parse(kind)
         to_stage = consumer(s, k, n_stages)
-        to = (it, to_stage, kind, item)
-        if to_stage is None or to not in slices:
+        if to_stage is None:
+            continue
+        to = next(
+            (t for t in ((it, to_stage, kr, item) for kr in RECEIVERS[k]) if t in slices), None
+        )
+        if to is None:
             continue
         pid2, tid2, ts2 = slices[to]
+        if pid2 == pid:
+            continue
         fid += 1
         name = MESSAGES.get(k, k.name.lower())
         common = {"name": name, "cat": kind, "id": fid}
@@ -262,9 +272,12 @@ def gantt_figure(
     ax.set_yticklabels([f"stage {S - 1 - s}" for s in range(S)])
     ax.set_xlabel(f"time ({unit})")
     ax.set_title(f"{title}\nbubble fraction {bubble:.3f}" if title else f"bubble {bubble:.3f}")
+    drawn = {cell[2] for row in rows for cell in row}  # the kinds present, in Kind order
     ax.legend(
         handles=[
-            Patch(color=COLORS[k.letter], label=f"{k.letter}: {k.name.lower()}") for k in Kind
+            Patch(color=COLORS[k.letter], label=f"{k.letter}: {k.name.lower()}")
+            for k in Kind
+            if k.letter in drawn
         ],
         loc="upper left",
         bbox_to_anchor=(1.0, 1.0),
