@@ -759,6 +759,10 @@ def _columns(group, names, path: Path, what: str, cut: bool) -> dict[str, np.nda
         if not isinstance(d, h5py.Dataset) or d.ndim != 1:
             raise ResultsError(f"{path}: damaged result: {what}/{k} is not a 1-d dataset")
         out[k] = read_dataset(d, path)
+        if (k in names or what == "iterations") and out[k].dtype.kind not in "biuf":
+            raise ResultsError(
+                f"{path}: damaged result: {what}/{k} holds {out[k].dtype} values, not numbers"
+            )
     missing = [n for n in names if n not in out]
     if missing:
         raise ResultsError(f"{path}: damaged result: {what} lacks {', '.join(missing)}")
@@ -791,7 +795,12 @@ def load(path: str | Path) -> Result:
     """Read one result file; ResultsError naming the file if it is not one, or is damaged."""
     path = Path(path)
     if not path.is_file():
-        what = "is a folder, not a result file" if path.is_dir() else "no such file"
+        if path.is_dir():
+            what = "is a folder, not a result file"
+        elif path.exists():
+            what = "is not a regular file (a FIFO, a socket or a device), not a result file"
+        else:
+            what = "no such file"
         raise ResultsError(f"{path}: {what}")
     _check_container(path)
     try:
@@ -802,7 +811,7 @@ def load(path: str | Path) -> Result:
                 if not isinstance(f.get(g), h5py.Group):
                     raise ResultsError(f"{path}: damaged result: no {g} group")
             cut = attrs["status"].strip() == "incomplete"  # a kill between two columns' writes
-            its = _columns(f["iterations"], ("iteration",), path, "iterations", True)
+            its = _columns(f["iterations"], ("iteration",), path, "iterations", cut)
             tl = _columns(f["timeline"], TIMELINE_INT + TIMELINE_FLOAT, path, "timeline", cut)
             st = _columns(f["stages"], STAGE_FIELDS, path, "stages", False)
             order = _text(f["iterations"].attrs.get("columns", ""))

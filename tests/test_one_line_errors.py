@@ -1,0 +1,118 @@
+"""Every command, given a representative bad input or an environmental fault, says why in
+one line and exits non-zero, with no Python traceback (HPCPIPE_DEBUG=1 shows it)."""
+
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcpipe.run.config import make_config
+from hpcpipe.run.runner import run
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+ENV.pop("HPCPIPE_DEBUG", None)
+SMALL = ["--problem", "l1-chain", "--depth", "2", "--dim", "8", "--optimizer", "gd"]
+SMALL += ["--lr", "0.05", "--iterations", "3", "--progress", "off"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A good result, one whose iteration column holds strings, one whose columns differ
+    in length, a FIFO, an existing non-result file, a sweep file."""
+    d = tmp_path_factory.mktemp("bad")
+    good = d / "good.h5"
+    run(
+        make_config(
+            {"problem": "l1-chain", "depth": 2, "dim": 8, "optimizer": "gd", "lr": 0.05}
+            | {"iterations": 4, "progress": "off", "output": str(good), "timeline_limit": 100}
+        ),
+        MPI.COMM_SELF,
+    )
+    strings, ragged = d / "strings.h5", d / "ragged.h5"
+    for p in (strings, ragged):
+        p.write_bytes(good.read_bytes())
+    with h5py.File(strings, "r+") as f:
+        del f["iterations/iteration"]
+        f["iterations/iteration"] = np.array([b"a", b"b", b"c", b"d"])
+    with h5py.File(ragged, "r+") as f:
+        loss = f["iterations/loss"][()]
+        del f["iterations/loss"]
+        f["iterations/loss"] = loss[:2]
+    fifo = d / "fifo.h5"
+    os.mkfifo(fifo)
+    existing = d / "existing.txt"
+    existing.write_text("keep me\n")
+    sweep = d / "s.toml"
+    sweep.write_text('[sweep]\nname = "s"\nranks = 1\n[base]\nproblem = "l1-chain"\n')
+    return {
+        "good": good,
+        "strings": strings,
+        "ragged": ragged,
+        "fifo": fifo,
+        "existing": existing,
+        "sweep": sweep,
+        "dir": d,
+    }
+
+
+CASES = {
+    "run unwritable /proc": ["run", *SMALL, "--output", "/proc/x.h5"],
+    "run unwritable /sys": ["run", *SMALL, "--output", "/sys/x.h5"],
+    "run watchdog": ["run", "--np", "2", *SMALL, "--timeout", "1e-9", "--no-output"],
+    "run bad key": ["run", *SMALL, "--no-such-key", "1"],
+    "trace unwritable": ["trace", "{good}", "-o", "/proc/x.json"],
+    "export unwritable": ["export", "{good}", "-o", "/proc/nope/x.csv"],
+    "trace strings": ["trace", "{strings}", "-o", "{dir}/t.json"],
+    "export strings": ["export", "{strings}", "-o", "{dir}/e.csv"],
+    "export ragged": ["export", "{ragged}", "-o", "{dir}/r.csv"],
+    "trace fifo": ["trace", "{fifo}", "-o", "{dir}/f.json"],
+    "plot missing": ["plot", "{dir}/missing.h5", "-o", "{dir}/p.png"],
+    "jobs onto a file": ["jobs", "generate", "{sweep}", "--out", "{existing}"],
+    "analyze missing": ["analyze", "{dir}/nope", "-o", "{dir}/rep"],
+    "sweep missing": ["sweep", "{dir}/nope.toml"],
+    "validate bad value": ["validate", "--depth", "0"],
+    "schedule unknown": ["schedule", "nope"],
+    "simulate unknown": ["simulate", "--schedule", "nope"],
+}
+
+
+def _hpcpipe(args, env=ENV):
+    return subprocess.run(
+        [sys.executable, "-m", "hpcpipe", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_gets_one_line_and_no_traceback(case, files):
+    args = [a.format(**{k: str(v) for k, v in files.items()}) for a in CASES[case]]
+    before = files["existing"].read_bytes()
+    p = _hpcpipe(args)
+    # the MPI library's own report of MPI_Abort (the failing rank's way to stop the job)
+    # may follow; every other line is hpcpipe's, and the last of them says why
+    lines = [
+        line
+        for line in p.stderr.splitlines()
+        if line.strip() and not line.startswith("Abort(") and "MPI_Abort" not in line
+    ]
+    assert p.returncode not in (0, None), (case, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr, (case, p.stderr)
+    assert lines and lines[-1].startswith("hpcpipe"), (case, p.stderr)
+    if not lines[0].startswith("usage:"):  # argparse prints its usage line first
+        assert len(lines) == 1, (case, p.stderr)
+    assert files["existing"].read_bytes() == before  # nothing already written is touched
+
+
+def test_debug_switch_shows_the_traceback(files):
+    args = ["trace", str(files["good"]), "-o", "/proc/x.json"]
+    p = _hpcpipe(args, env=dict(ENV, HPCPIPE_DEBUG="1"))
+    assert p.returncode != 0 and "Traceback" in p.stderr, p.stderr
+    p = _hpcpipe(["--debug", *args])
+    assert p.returncode != 0 and "Traceback" in p.stderr, p.stderr
