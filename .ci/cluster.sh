@@ -169,8 +169,10 @@ start_munge() {
 write_slurm_conf() {
   local n=$1 cpus=${HPN_CPUS:-8} i
   mkdir -p "$STATE/slurm" "$STATE/ctld" "$STATE/log" "$STATE/spool"
+  # random first job id: see .ci/slurm.sh (MPICH's segments left in /dev/shm by killed jobs)
   cat >"$CONF" <<EOF
 ClusterName=hpncluster
+FirstJobId=$(( (RANDOM * 32768 + RANDOM) % 60000000 + 1000000 ))
 SlurmctldHost=ctl($NET.1)
 SlurmUser=root
 SlurmdUser=root

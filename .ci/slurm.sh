@@ -37,8 +37,13 @@ fi
 host=$(hostname -s)
 cpus=8   # advertised: lets 4-8 rank MPI jobs run on a 2-core machine (oversubscribed)
 mkdir -p "$dir/state" "$dir/spool" "$dir/log"
+# Job ids start at a random number: MPICH names its shared-memory segments after the job
+# step, and a segment left in /dev/shm by a killed job of an earlier cluster with the same
+# id makes MPI_Init fail ("Message truncated"); fresh clusters would otherwise reuse 1, 2, ...
+first_job=$(( (RANDOM * 32768 + RANDOM) % 60000000 + 1000000 ))
 cat > "$conf" <<CONF
 ClusterName=hpcpipe-test
+FirstJobId=$first_job
 SlurmctldHost=$host
 SlurmUser=root
 SlurmdUser=root

@@ -107,14 +107,16 @@ def iterate(path: Path) -> np.ndarray:
 
 # -- a 4-rank pipeline over 2 nodes equals the same run on one node, bit for bit ----------
 
-DIM, ITERATIONS = 512, 6
+DIM, ITERATIONS = 512, 40  # enough payload to stand far above the link's background traffic
 METHODS = {
     "gd": ["--optimizer", "gd", "--lr", "0.05"],
     "pprs": ["--optimizer", "pprs", "--gamma", "0.05", "--samples", "3", "--lr", "0.05"],
 }
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES.names())
+@pytest.mark.parametrize(
+    "schedule", [s for s in SCHEDULES.names() if build(s, 2, 2).one_stage_per_rank]
+)
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_two_nodes_equal_one_node_bitwise(cluster, tmp_path, method, schedule):
     """Iterates, losses and model-clock pipeline times of a 4-rank run with 2 ranks on each

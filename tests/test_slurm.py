@@ -220,7 +220,7 @@ def test_cancelled_task_leaves_incomplete_file_and_resubmit_finishes(jobdir):
     sweep.write_text(LONG)
     folder = jobdir / "jobs"
     generate(str(sweep), folder, JobOptions(python=sys.executable, time="00:10:00"))
-    (folder / "logs").mkdir()
+    (folder / "logs").mkdir(exist_ok=True)  # generate ships it; a hand-made one is fine too
     out = subprocess.run(
         ["sbatch", "--parsable", "array-2.sbatch"],
         cwd=folder,

@@ -234,12 +234,6 @@ def under_mpi(func: Callable[[Any], int]) -> int:
             return 2
         from hpcpipe.cli.failures import debug, describe
 
-        if type(e).__name__ == "WatchdogTimeout" and comm.size > 1:
-            # every waiting rank's watchdog may fire at once: the lowest reports and aborts
-            # first, the others wait their turn (MPI_Abort usually ends them meanwhile)
-            import time
-
-            time.sleep(min(0.5 * comm.rank, 5.0))
         tb = traceback.format_exc() if debug() else ""
         sys.stderr.write(f"hpcpipe: rank {comm.rank} of {comm.size} failed: {describe(e)}\n{tb}")
         sys.stderr.flush()

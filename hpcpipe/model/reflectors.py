@@ -25,7 +25,6 @@ a study: ``apply(x, depth)`` uses its first r·depth reflectors.
 from __future__ import annotations
 
 import numpy as np
-from scipy.linalg import solve_triangular
 
 from hpcpipe.model import rng
 from hpcpipe.model.layers import REFLECTORS, Householder
@@ -50,6 +49,8 @@ def panel_t(u: Array) -> Array:
     g = u @ u.T
     t_inv = np.triu(g, 1)
     t_inv[np.diag_indices_from(t_inv)] = 0.5 * np.diag(g)
+    from scipy.linalg import solve_triangular  # here only: MPI ranks of other runs never load scipy
+
     return solve_triangular(t_inv, np.eye(len(u)), lower=False)
 
 

@@ -47,6 +47,10 @@ TIMELINE_FLOAT = ("wait", "start", "end")
 STAGE_FIELDS = ("busy", "wait", "idle", "actions")
 
 
+# the oldest file format that has SWMR (HDF5 1.10): readers as old as h5dump 1.10 read the
+# files; "latest" alone would let a newer HDF5 write messages they cannot parse (the
+# Fletcher-32 filter pipeline of HDF5 2.0 made h5dump 1.10.8 fail with "internal error")
+LIBVER = ("v110", "latest")
 SUM = {"fletcher32": True}  # every dataset: HDF5's Fletcher-32 checksum of each chunk
 BACKUP, COMMIT = "backup", "commit"  # /state/backup: the previous state; /state/commit: which
 STATE_ABOUT = (
@@ -289,7 +293,7 @@ class Writer:
             raise ResultsError(f"{self.path} exists: results are never overwritten")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = _lock(self.path, create=not overwrite)
-        self.f = h5py.File(self.path, "w", libver="latest", locking=False)
+        self.f = h5py.File(self.path, "w", libver=LIBVER, locking=False)
         a = self.f.attrs
         a["schema_version"] = SCHEMA_VERSION
         a["status"] = "incomplete"  # until close() sets the final status
@@ -354,7 +358,7 @@ class Writer:
                     "(kill -9 or a failed rank); cleared the HDF5 status flags it left "
                     f"(as h5clear -s does); resuming after iteration {last_iteration}"
                 )
-            self.f = h5py.File(self.path, "r+", libver="latest", locking=False)
+            self.f = h5py.File(self.path, "r+", libver=LIBVER, locking=False)
         except (OSError, superblock.SuperblockError) as e:
             os.close(self._fd)
             raise ResultsError(f"{self.path}: cannot be reopened to resume ({e})") from None
@@ -625,7 +629,7 @@ def _swmr_fapl():
     HDF5 library h5py loaded. Without it (another platform), HDF5's default applies.
     """
     fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_V110, h5py.h5f.LIBVER_LATEST)
     fapl.set_fclose_degree(h5py.h5f.CLOSE_STRONG)
     fn = _read_attempts_function()
     if fn is not None:
