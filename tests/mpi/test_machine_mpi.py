@@ -14,11 +14,6 @@ from hpcpipe.run.config import make_config
 from hpcpipe.run.runner import run
 
 LIBRARY = MPI.Get_library_version().splitlines()[0].strip()
-# Under the Open MPI wheel the ranks of this module fall out of step (two ranks wait in a
-# barrier, two in a broadcast) and the suite hangs: not yet understood, so not run there
-pytestmark = pytest.mark.skipif(
-    "Open MPI" in LIBRARY, reason="hangs under Open MPI (ranks out of step): to investigate"
-)
 
 
 def profile_text(ranks: int) -> str:
