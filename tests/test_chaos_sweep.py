@@ -162,13 +162,6 @@ def _interrupt(kind: str, toml: Path, rng: random.Random, log: list) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="known bug: a kill -9 while HDF5 extends the file can leave it shorter than its "
-    "superblock's end-of-file address; hpcpipe then refuses it as truncated, so the sweep "
-    "leaves that point unfinished (seen in 1 of 4 runs; the file needs h5clear --increment-"
-    "style repair on resume)",
-)
 def test_chaos_sweep_ends_as_an_uninterrupted_sweep(tmp_path):
     t0 = time.time()
     ref_toml, toml = tmp_path / "ref.toml", tmp_path / "chaos.toml"

@@ -267,6 +267,48 @@ def check_unlocked(path: str | Path) -> None:
         )
 
 
+def recover_truncated(path: str | Path, log=None) -> bool:
+    """Repair a file a killed writer left shorter than its end-of-file address; True if done.
+
+    HDF5 records a larger end-of-file address before it writes the file's new tail, so a
+    kill -9 in between leaves a file that readers refuse as truncated. Only a resume (its
+    writer gone: the file's lock is free) calls this. The file is lengthened to that
+    address with zeros (as ``h5clear --increment`` does) only if its superblock says a
+    writer left it open, and the extension is kept only if the file then loads as an
+    incomplete result: every chunk read passes its Fletcher-32 checksum and the committed
+    state is whole (backup/commit). Otherwise the file is cut back to its size, untouched,
+    and its readers keep calling it truncated (a file cut by a copy, or by hand).
+    ``log`` is told what was done, in one line.
+    """
+    path = Path(path)
+    try:
+        sb = superblock.read(path, check_size=False)
+        if path.stat().st_size >= sb.eof or not superblock.left_open(sb):
+            return False
+    except (OSError, superblock.SuperblockError):
+        return False
+    fd = _lock(path)
+    try:
+        size = superblock.extend_to_eof(fd, sb)
+        try:
+            ok = load(path).status == "incomplete"
+        except ResultsError:
+            ok = False
+        if not ok:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+            return False
+    finally:
+        os.close(fd)
+    if log is not None:
+        log(
+            f"recovered {path}: its writer was killed while the file grew, leaving "
+            f"{size} of the {sb.eof} bytes its superblock records; extended it as h5clear "
+            "--increment does (its Fletcher-32 checksums and saved state check out)"
+        )
+    return True
+
+
 class Writer:
     """Rank 0's writer of one result file (holding its lock until closed).
 

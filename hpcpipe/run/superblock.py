@@ -16,6 +16,12 @@ write) and clears them on close. A writer that dies (kill -9, MPI_Abort of a fai
 leaves them set, and HDF5 then refuses to open the file for writing (``h5clear -s`` clears
 them). ``clear_status_flags`` does the same in Python: it checks the stored checksum,
 zeroes the flags and writes the new checksum.
+
+A writer killed while HDF5 grows the file can also leave it shorter than the end-of-file
+address its superblock already records (HDF5 moves the address first and writes the tail
+later). ``extend_to_eof`` lengthens such a file to that address, as ``h5clear
+--increment`` does; the bytes it adds are zeros, which no flushed object refers to, and
+each data chunk's Fletcher-32 checksum tells a chunk the kill cut from a whole one.
 """
 
 from __future__ import annotations
@@ -83,8 +89,9 @@ class Superblock:
     checksum_at: int  # byte of the checksum (versions 2, 3), else -1
 
 
-def read(path: str | Path) -> Superblock:
-    """The superblock at byte 0, checked for completeness, checksum and file size."""
+def read(path: str | Path, check_size: bool = True) -> Superblock:
+    """The superblock at byte 0, checked for completeness, checksum and (``check_size``)
+    that the file reaches its end-of-file address."""
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as fh:
@@ -119,7 +126,7 @@ def read(path: str | Path) -> Superblock:
         sb = Superblock(version, o, 0, eof, -1)
     else:
         raise SuperblockError(f"damaged HDF5 superblock (version {version})")
-    if size < sb.eof:
+    if check_size and size < sb.eof:
         raise SuperblockError(f"truncated ({size} bytes, its superblock says {sb.eof})")
     return sb
 
@@ -143,3 +150,21 @@ def clear_status_flags(path: str | Path) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def left_open(sb: Superblock) -> bool:
+    """Whether a writer left the file open (consistency flag bit 0: versions 2, 3 only)."""
+    return sb.version in (2, 3) and bool(sb.flags & 1)
+
+
+def extend_to_eof(fd: int, sb: Superblock) -> int:
+    """``h5clear --increment``: lengthen the open file ``fd`` to its end-of-file address.
+
+    Returns the size before (to undo it with ``os.ftruncate``). Only for a file a dead
+    writer left open (``left_open``), and only while the caller holds its lock.
+    """
+    size = os.fstat(fd).st_size
+    if size < sb.eof:
+        os.ftruncate(fd, sb.eof)
+        os.fsync(fd)
+    return size

@@ -194,6 +194,21 @@ def point_state(pt: Point) -> str:
         return "running" if is_locked(pt.path) else "unreadable"
 
 
+def _resumable_state(pt: Point, log) -> str:
+    """``point_state``, after repairing a file whose writer was killed while it grew
+    (``results.recover_truncated``: only with its lock free, said in one line)."""
+    from hpcpipe.run.results import ResultsError, recover_truncated
+
+    state = point_state(pt)
+    if state == "unreadable":
+        try:
+            if recover_truncated(pt.path, log=log):
+                state = point_state(pt)
+        except ResultsError:  # its lock was taken meanwhile: a live writer
+            state = "running"
+    return state
+
+
 LOCK_NAME = ".hpcpipe-sweep.lock"
 
 
@@ -264,7 +279,8 @@ def run_points(comm, sweep: Sweep, indices: list[int] | None = None, log=print) 
     todo = [sweep.points[i] for i in (indices if indices is not None else range(len(sweep.points)))]
     counts = {"ran": 0, "resumed": 0, "skipped": 0}
     for pt in todo:
-        state = comm.bcast(point_state(pt) if comm.rank == 0 else None, root=0)
+        said = lambda m, pt=pt: log(f"[{sweep.name}] point {pt.index} {pt.label}: {m}")  # noqa: E731
+        state = comm.bcast(_resumable_state(pt, said) if comm.rank == 0 else None, root=0)
         if state in ("complete", "diverged", "failed", "unreadable", "running"):
             counts["skipped"] += 1
             if comm.rank == 0:

@@ -85,9 +85,11 @@ def resume_config(path: str, items: list[str], args: argparse.Namespace | None =
         cleared_injection,
         load,
         read_state,
+        recover_truncated,
     )
 
     try:
+        recover_truncated(path, log=lambda m: print(f"hpcpipe: {m}", file=sys.stderr))
         read_state(path)  # checks the file, its status and its state
         check_unlocked(path)
         r = load(path)
