@@ -46,7 +46,7 @@ def test_result_file_schema_and_content(tmp_path):
     res = run(cfg, SELF)
     r = load(cfg.output)
     assert r.status == "complete"
-    assert int(r.attrs["schema_version"]) == 2
+    assert int(r.attrs["schema_version"]) == 3
     prob = json.loads(r.attrs["problem"])
     assert prob["name"] == prob["entry"] == "l1-chain" and prob["depth"] == 3
     assert prob["module"] == "hpcpipe.problems.chains"
@@ -235,11 +235,12 @@ def _interrupted(cfg, at: int) -> None:
         run(cfg, SELF, on_iteration=fail)
 
 
-@pytest.mark.parametrize("schema", [1, 2])
+@pytest.mark.parametrize("schema", [1, 2, 3])
 def test_exception_leaves_a_resumable_file_and_resume_is_bitwise(tmp_path, schema):
     """An exception inside the loop closes the file (status incomplete, last flush kept);
-    resuming it, also from the schema-1 layout (theta, prev), ends bitwise where an
-    uninterrupted run ends (AGD on max-chain: two arrays, a scalar, a regulariser)."""
+    resuming it, also from the schema-1 layout (theta, prev) and the schema-2 layout (no
+    backup, no commit marker), ends bitwise where an uninterrupted run ends (AGD on
+    max-chain: two arrays, a scalar, a regulariser), and the continued file is schema 3."""
     kw = dict(problem="max-chain", optimizer="agd", samples=1, gamma=0.0, lr=0.05)
     full = run(small(tmp_path, **kw, output=str(tmp_path / "full.h5")), SELF)
     cfg = small(tmp_path, **kw, output=str(tmp_path / "part.h5"))
@@ -253,7 +254,14 @@ def test_exception_leaves_a_resumable_file_and_resume_is_bitwise(tmp_path, schem
             assert st["optimizer_scalars"][()].tolist() == [9.0] == [st["scalars"][0]]
             del st["optimizer"], st["optimizer_scalars"]
             f.attrs["schema_version"] = 1
+    if schema in (1, 2):  # the layouts written before crash-consistent saves
+        with h5py.File(cfg.output, "r+") as f:
+            del f["state/backup"], f["state/commit"]
+            f.attrs["schema_version"] = schema
+        assert int(load(cfg.output).attrs["schema_version"]) == schema
     res = run(cfg, SELF, resume=cfg.output)
     assert res.status == "complete"
     np.testing.assert_array_equal(res.theta, full.theta)
     np.testing.assert_array_equal(load(cfg.output).iterations["loss"], full.column("loss"))
+    with h5py.File(cfg.output, "r") as f:
+        assert f.attrs["schema_version"] == 3 and {"backup", "commit"} <= set(f["state"])

@@ -3,8 +3,10 @@
 Written by rank 0 only, in SWMR mode (single writer, multiple readers), and
 flushed every few iterations, so a job killed at any point (SIGKILL
 included) leaves a file that opens with its flushed iterations and the
-status ``incomplete``. Schema (version 2; see docs/results.md; version 1
-files, whose optimizer state was only theta/prev, are read and resumed too):
+status ``incomplete``. Schema (version 3; see docs/results.md). Version 3 added
+/state/backup and /state/commit (crash-consistent saves); version 2 files (named
+optimizer state, no backup) and version 1 files (state only theta/prev) are read and
+resumed too, and a resume brings them to version 3:
 
     /                      attrs: schema_version, status, config (JSON), config.<key>,
                            method (JSON), problem (JSON), versions, command, n_ranks,
@@ -40,7 +42,10 @@ import numpy as np
 from hpcpipe.errors import ResultsError
 from hpcpipe.run import superblock
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# 1: /state held theta, prev; 2: named optimizer state (state/optimizer/<name>);
+# 3: /state/backup and /state/commit (a save cut short resumes from the backup). A reader
+# of schema 2 would resume a file of schema 3 from a half-rewritten /state: it refuses it.
 STATUSES = ("complete", "incomplete", "diverged", "failed")
 TIMELINE_INT = ("iteration", "rank", "stage", "kind", "item")
 TIMELINE_FLOAT = ("wait", "start", "end")
@@ -387,8 +392,9 @@ class Writer:
         flags set; with its lock free, they are cleared here (as ``h5clear -s`` does),
         and ``log`` is told so. ``overrides`` (settings changed on this resume) are
         appended to the ``resume_overrides`` attribute. A schema-1 file's state
-        (theta, prev) is moved to the schema-2 layout of ``state_layout`` first, so
-        the continued file is a schema-2 file.
+        (theta, prev) is moved to the named layout of ``state_layout`` first, and a
+        schema-1 or 2 file gets a backup slot and a commit marker, so the continued
+        file is a schema-3 file.
         """
         self = cls.__new__(cls)
         self.path, self.columns = Path(path), columns
@@ -459,6 +465,7 @@ class Writer:
             _write_slot(st, arrays, opt_scalars, scalars, stage, "restore")
             self.f.flush()
             st[COMMIT][...] = 0
+        self.f.attrs["schema_version"] = SCHEMA_VERSION
         self._last = _read_slot(st)
 
     def save_state(self, arrays: dict, opt_scalars: list[float], scalars, stage) -> None:
