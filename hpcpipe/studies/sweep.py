@@ -270,15 +270,24 @@ def _idle_barrier(comm) -> None:
         time.sleep(0.002)
 
 
-def run_points(comm, sweep: Sweep, indices: list[int] | None = None, log=print) -> dict:
-    """Run the selected points (all by default) on this communicator; returns counts."""
+def run_points(comm, sweep: Sweep, indices: list[int] | None = None, log=print, stop=None) -> dict:
+    """Run the selected points (all by default) on this communicator; returns counts.
+
+    ``stop`` (a ``StopFlag``, or None) is raised by SIGTERM / SIGINT between points, or
+    on a rank that waits while others run a point: the sweep then starts no other point
+    (``counts["stopped"]``). A signal during a point stops that point's run at the end
+    of its iteration, its file flushed and left incomplete, and the sweep with it.
+    """
     from mpi4py import MPI
 
     from hpcpipe.run.runner import run
 
     todo = [sweep.points[i] for i in (indices if indices is not None else range(len(sweep.points)))]
-    counts = {"ran": 0, "resumed": 0, "skipped": 0}
+    counts = {"ran": 0, "resumed": 0, "skipped": 0, "stopped": False}
     for pt in todo:
+        if comm.allreduce(int(stop is not None and stop.raised), op=MPI.MAX):
+            counts["stopped"] = True
+            break
         said = lambda m, pt=pt: log(f"[{sweep.name}] point {pt.index} {pt.label}: {m}")  # noqa: E731
         state = comm.bcast(_resumable_state(pt, said) if comm.rank == 0 else None, root=0)
         if state in ("complete", "diverged", "failed", "unreadable", "running"):
@@ -320,6 +329,7 @@ def run_points(comm, sweep: Sweep, indices: list[int] | None = None, log=print) 
                 f"({time.perf_counter() - t0:.1f} s, {pt.ranks} ranks) -> {pt.path}"
             )
         if status == "incomplete":  # a signal stopped it: stop the sweep too
+            counts["stopped"] = True
             break
     return counts
 
@@ -338,8 +348,11 @@ def main_inside(comm, path: str, out: str | None, indices: list[int] | None) -> 
         if comm.rank == 0:
             print(f"hpcpipe: {err}", file=sys.stderr, flush=True)
         return 2
-    try:
-        counts = run_points(comm, sweep, indices, log=lambda m: print(m, flush=True))
+    from hpcpipe.run.progress import StopFlag
+
+    try:  # SIGTERM / SIGINT (scancel, a time limit, Ctrl-C) stop the sweep, never a rank
+        with StopFlag() as stop:
+            counts = run_points(comm, sweep, indices, log=lambda m: print(m, flush=True), stop=stop)
     finally:
         if lock is not None:
             lock.release()
@@ -353,6 +366,12 @@ def main_inside(comm, path: str, out: str | None, indices: list[int] | None) -> 
             f"in {sweep.out}",
             flush=True,
         )
+        if counts["stopped"]:
+            print(
+                f"[{sweep.name}] stopped by a signal: files flushed, an interrupted point left "
+                "incomplete; run the sweep again to resume it",
+                flush=True,
+            )
         if indices is not None:
             return 143 if any(states[i] == "incomplete" for i in indices) else 0
         return 0 if done == len(states) else 143
