@@ -3,6 +3,7 @@ one line and exits non-zero, with no Python traceback (HPCPIPE_DEBUG=1 shows it)
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -119,3 +120,42 @@ def test_debug_switch_shows_the_traceback(files):
     assert p.returncode != 0 and "Traceback" in p.stderr, p.stderr
     p = _hpcpipe(["--debug", *args])
     assert p.returncode != 0 and "Traceback" in p.stderr, p.stderr
+
+
+def test_a_reader_that_goes_away_stops_the_command_quietly(files):
+    """``hpcpipe sweep --list F | head -1``: status 141 (128 + SIGPIPE, as git), nothing on
+    stderr. Deterministic: the read end of the pipe is closed before the command starts."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "hpcpipe", "sweep", str(files["sweep"]), "--list"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            env=ENV,
+        )
+    finally:
+        os.close(write)
+    assert p.returncode == 141 and p.stderr == "", (p.returncode, p.stderr)
+
+
+def test_sweep_list_into_head(tmp_path):
+    """The shell pipeline itself, with a listing (3000 points) far larger than a pipe holds."""
+    seeds = ", ".join(map(str, range(3000)))
+    toml = tmp_path / "big.toml"
+    toml.write_text(
+        f'[sweep]\nname = "big"\nout = "{tmp_path}/big"\n[base]\nproblem = "l1-chain"\n'
+        f"depth = 2\n[grid]\nseed = [{seeds}]\n"
+    )
+    cmd = f"{shlex.quote(sys.executable)} -m hpcpipe sweep {shlex.quote(str(toml))} --list"
+    p = subprocess.run(
+        ["bash", "-c", f'{cmd} | head -1; echo "status ${{PIPESTATUS[0]}}" >&2'],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
+    assert p.stdout.startswith("   0  ranks   1  missing") and p.stdout.count("\n") == 1
+    assert p.stderr == "status 141\n", p.stderr

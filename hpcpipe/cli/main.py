@@ -88,8 +88,33 @@ def typed_command(argv: list[str]) -> str:
     return shlex.join([*words, *argv])
 
 
+# the status of a command whose reader went away (``hpcpipe sweep --list F | head -1``):
+# 128 + SIGPIPE, what the shell reports for git and for the coreutils in that case
+BROKEN_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``) and run the command it names; its exit status."""
+    """Parse ``argv`` (default ``sys.argv[1:]``) and run the command it names; its exit status.
+
+    When the program reading the output exits first (a pipe into ``head``), the command
+    stops quietly with status 141 (128 + SIGPIPE), as git does: no traceback, no message.
+    """
+    import os
+
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        # Python ignores SIGPIPE, so the write fails instead; the pending output cannot be
+        # written: point stdout at /dev/null so that the flush at exit is silent too
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return BROKEN_PIPE
+
+
+def _main(argv: list[str] | None) -> int:
     import os
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -107,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return module.run(args, extra, argv)
+    except BrokenPipeError:  # the reader of stdout went away: main() stops quietly
+        raise
     except MissingExtra as e:  # one line naming the extra to install, no traceback
         print(f"hpcpipe {args.command}: {e}", file=sys.stderr)
         return 2
