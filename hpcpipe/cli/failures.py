@@ -15,8 +15,8 @@ DEBUG = "HPCPIPE_DEBUG"
 
 # what to do about an operating-system error, by errno
 _FIX = {
-    errno.ENOSPC: "free space or choose another path",
-    errno.EDQUOT: "free space within your quota or choose another path",
+    errno.ENOSPC: "free space or choose another output",
+    errno.EDQUOT: "free space within your quota or choose another output",
     errno.EACCES: "choose a path you may write",
     errno.EPERM: "choose a path you may write",
     errno.EROFS: "choose a path on a writable file system",

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcpipe.optional import install_hint, need
+from hpcpipe.run import atomic
 from hpcpipe.run.results import Result
 
 FORMATS = ("csv", "parquet")
@@ -68,7 +69,12 @@ def targets(prefix: str | Path, fmt: str) -> list[Path]:
 
 
 def export(result: Result, fmt: str, prefix: str | Path) -> list[Path]:
-    """Write the three tables and the attributes; ExportError before writing anything."""
+    """Write the three tables and the attributes; ExportError before writing anything.
+
+    Each file is written whole or not at all (``atomic.write``); if one fails (a full
+    disk), the files this export wrote before it are removed too, so that no partial
+    export is left (the targets did not exist before), and the OSError is raised.
+    """
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if fmt == "parquet" and importlib.util.find_spec("pyarrow") is None:
@@ -81,8 +87,15 @@ def export(result: Result, fmt: str, prefix: str | Path) -> list[Path]:
         )
     paths[0].parent.mkdir(parents=True, exist_ok=True)
     write = write_csv if fmt == "csv" else write_parquet
-    for table, path in zip(TABLES, paths):
-        write(result.columns(table), path)
     attrs = {k: (v.item() if hasattr(v, "item") else v) for k, v in result.attrs.items()}
-    paths[-1].write_text(json.dumps(attrs, indent=1, sort_keys=True, default=str) + "\n")
+    done = []
+    try:
+        for table, path in zip(TABLES, paths):
+            done.append(atomic.write(path, lambda tmp, t=table: write(result.columns(t), tmp)))
+        text = json.dumps(attrs, indent=1, sort_keys=True, default=str) + "\n"
+        done.append(atomic.write_text(paths[-1], text))
+    except BaseException:
+        for path in done:
+            path.unlink(missing_ok=True)
+        raise
     return paths

@@ -28,6 +28,7 @@ import numpy as np
 
 from hpcpipe.optional import need
 from hpcpipe.pipeline.schedules import Kind, consumer
+from hpcpipe.run import atomic
 
 PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
 COLORS = {k.letter: PALETTE[k % len(PALETTE)] for k in Kind}
@@ -213,7 +214,7 @@ def write_trace(
     timeline, path: str | Path, clock: str = "wall", iterations=None, table=None, flush_every=0
 ) -> int:
     obj = chrome_trace(timeline, clock, iterations, table, flush_every)
-    Path(path).write_text(json.dumps(obj))
+    atomic.write_text(path, json.dumps(obj))  # whole or not at all
     return len(obj["traceEvents"])
 
 
@@ -292,8 +293,10 @@ def gantt_png(rows, path: str | Path, title: str = "", unit: str = "s") -> None:
     """Draw :func:`gantt_figure` to a PNG file."""
     plt = need("matplotlib.pyplot", "plot", "a Gantt chart")
     fig = gantt_figure(rows, title, unit)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        atomic.write(path, lambda tmp: fig.savefig(tmp, dpi=120))  # whole or not at all
+    finally:
+        plt.close(fig)
 
 
 def timeline_rows(timeline: dict[str, np.ndarray], iteration: int):

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcpipe.optional import need
+from hpcpipe.run import atomic
 from hpcpipe.run.results import Result, load_dir
 
 
@@ -288,8 +289,10 @@ def save_figure(fig, outdir: Path, name: str, res: StudyResult) -> None:
     """Write a study's figure as PNG next to the report and list it in the study."""
     plt = need("matplotlib.pyplot", "plot", "a figure")
     fig.tight_layout()
-    fig.savefig(outdir / name, dpi=110)
-    plt.close(fig)
+    try:
+        atomic.write(outdir / name, lambda tmp: fig.savefig(tmp, dpi=110))  # whole or nothing
+    finally:
+        plt.close(fig)
     res.figures.append(name)
 
 

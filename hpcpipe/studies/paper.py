@@ -69,6 +69,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcpipe.optional import need
+from hpcpipe.run import atomic
 from hpcpipe.studies.common import StudyResult, Verdict, figure, legend_outside, save_figure
 
 NAME = "paper"
@@ -891,7 +892,7 @@ def _json_safe(x):
 def _figures(res: StudyResult, kind: str, group: list[Setting], outdir: Path) -> None:
     data = figure_data(group)
     slug = kind.replace("-", "")
-    (outdir / f"paper_{slug}_figures.json").write_text(json.dumps(_json_safe(data)))
+    atomic.write_text(outdir / f"paper_{slug}_figures.json", json.dumps(_json_safe(data)))
     plt = figure()
     LogNorm = need("matplotlib.colors", "plot", "a figure").LogNorm
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hpcpipe.optional import available, missing_message
 from hpcpipe.registry import names_from
+from hpcpipe.run import atomic
 from hpcpipe.studies import (
     depth,
     dimension,
@@ -108,7 +109,7 @@ def write_report(results: list[StudyResult], outdir: Path, sources: list[str]) -
             lines.append("")
     lines += appendix
     path = outdir / "report.md"
-    path.write_text("\n".join(lines) + "\n")
+    atomic.write_text(path, "\n".join(lines) + "\n")  # whole or not at all
     return path
 
 

@@ -220,8 +220,11 @@ class SweepLock:
     def __init__(self, out: Path, shared: bool):
         import fcntl
 
+        from hpcpipe.run import atomic
+
         out.mkdir(parents=True, exist_ok=True)
         self.path = out / LOCK_NAME
+        atomic.check_injected(self.path)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self.fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
@@ -237,10 +240,14 @@ class SweepLock:
 
 
 def write_grid(sweep: Sweep) -> Path:
-    """The resolved grid as JSON next to the results (and the job scripts)."""
+    """The resolved grid as JSON next to the results (and the job scripts), written whole
+    or not at all (``atomic``)."""
+    from hpcpipe.run import atomic
+
     sweep.out.mkdir(parents=True, exist_ok=True)
     path = sweep.out / "grid.json"
-    path.write_text(
+    atomic.write_text(
+        path,
         json.dumps(
             {
                 "name": sweep.name,
@@ -258,7 +265,7 @@ def write_grid(sweep: Sweep) -> Path:
             },
             indent=1,
             default=str,
-        )
+        ),
     )
     return path
 
@@ -343,6 +350,10 @@ def main_inside(comm, path: str, out: str | None, indices: list[int] | None) -> 
             write_grid(sweep)
         except ConfigError as e:
             err = str(e)
+        except OSError as e:  # a full disk, a folder that cannot be written: one line
+            from hpcpipe.cli.failures import describe
+
+            err = describe(e)
     err = comm.bcast(err, root=0)
     if err:
         if comm.rank == 0:

@@ -152,6 +152,7 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
     def body(comm) -> int:
         from hpcpipe.machine.calibrate import SIZES, Plan, calibrate
         from hpcpipe.machine.profile import dumps, parse
+        from hpcpipe.run import atomic
 
         plan = Plan(
             policies=args.wait,
@@ -168,9 +169,7 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
             return 0
         text = dumps(data)
         parse(text, args.output)  # what is written reads back (checked before writing)
-        tmp = Path(f"{args.output}.tmp-{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, args.output)
+        atomic.write_text(args.output, text)  # whole or not at all: a temporary file renamed
         print(summary(data))
         print(f"wrote {args.output} ({data['machine']['seconds']:.1f} s of measurement)")
         return 0
