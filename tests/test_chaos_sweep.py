@@ -117,6 +117,13 @@ def _sweep(toml: Path, timeout: float = WAIT) -> subprocess.CompletedProcess:
     )
 
 
+def _repaired(stdout: str) -> str:
+    """A note when the launch repaired a file a killed writer left short (h5clear
+    --increment's repair, results.recover_truncated)."""
+    n = stdout.count("as h5clear --increment does")
+    return f" (resumed a file left short of its end-of-file address: {n})" if n else ""
+
+
 def _interrupt(kind: str, toml: Path, rng: random.Random, log: list) -> bool:
     """One launch of the unfinished sweep, interrupted (bounded by WAIT); True if stopped."""
     pts = load_sweep(toml).points
@@ -130,7 +137,7 @@ def _interrupt(kind: str, toml: Path, rng: random.Random, log: list) -> bool:
         env = dict(ENV, HPCPIPE_INSIDE_MPI="1")
         p = subprocess.run(mpiexec_command(2, args), capture_output=True, text=True,
                            timeout=WAIT, env=env)  # fmt: skip
-        log.append(f"enospc at flush {nth}: exit {p.returncode}")
+        log.append(f"enospc at flush {nth}: exit {p.returncode}{_repaired(p.stdout)}")
         return p.returncode != 0
     target = todo[0]  # the point the sweep works on next: stop it between its row now and
     rows = rng.randint(min(_rows(target.path) + 1, ITERATIONS - 1), ITERATIONS - 1)  # the end
@@ -156,8 +163,11 @@ def _interrupt(kind: str, toml: Path, rng: random.Random, log: list) -> bool:
                 rank = rng.choice(sorted(ranks))
                 os.kill(ranks[rank], signal.SIGKILL)
                 what = f"kill -9 of rank {rank}"
-    proc.communicate(timeout=WAIT)
-    log.append(f"{kind} at point {target.index} row {rows}: {what}, exit {proc.returncode}")
+    out, _ = proc.communicate(timeout=WAIT)
+    log.append(
+        f"{kind} at point {target.index} row {rows}: {what}, exit {proc.returncode}"
+        + _repaired(out)
+    )
     return what != "finished first" and proc.returncode != 0
 
 
@@ -177,6 +187,7 @@ def test_chaos_sweep_ends_as_an_uninterrupted_sweep(tmp_path):
             stopped += _interrupt(rng.choice(("kill9", "sigterm", "enospc")), toml, rng, log)
         assert stopped >= TRIALS, f"only {stopped} of {launches} launches were interrupted"
         p = _sweep(toml)
+        log.append(f"final launch: exit {p.returncode}{_repaired(p.stdout)}")
         assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
         for a, b in zip(load_sweep(ref_toml).points, load_sweep(toml).points):
             want, got = _final(a.path), _final(b.path)
