@@ -79,6 +79,16 @@ CASES = {
     "validate bad value": ["validate", "--depth", "0"],
     "schedule unknown": ["schedule", "nope"],
     "simulate unknown": ["simulate", "--schedule", "nope"],
+    "trace disk full": ["trace", "{good}", "-o", "{dir}/full.json"],
+    "export disk full": ["export", "{good}", "-o", "{dir}/full"],
+    "sweep grid disk full": ["sweep", "{sweep}", "--out", "{dir}/sweep-full"],
+    "run disk full": ["run", *SMALL, "--inject-failure", "enospc:2", "--output", "{dir}/f.h5"],
+}
+# a full disk injected into the writers other than a run's (hpcpipe.run.atomic)
+FULL = {
+    "trace disk full": "full.json",
+    "export disk full": "full-timeline.csv",
+    "sweep grid disk full": "grid.json",
 }
 
 
@@ -96,7 +106,8 @@ def _hpcpipe(args, env=ENV):
 def test_bad_input_gets_one_line_and_no_traceback(case, files):
     args = [a.format(**{k: str(v) for k, v in files.items()}) for a in CASES[case]]
     before = files["existing"].read_bytes()
-    p = _hpcpipe(args)
+    env = dict(ENV, HPCPIPE_INJECT_DISK_FULL=FULL[case]) if case in FULL else ENV
+    p = _hpcpipe(args, env)
     # the MPI library's own report of MPI_Abort (the failing rank's way to stop the job)
     # may follow; every other line is hpcpipe's, and the last of them says why
     lines = [
