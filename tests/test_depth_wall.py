@@ -4,9 +4,16 @@ pipeline) fail their rows, and a busy machine leaves the bound row not enforced.
 
 import dataclasses
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 from hpcpipe.machine.profile import dumps
 from hpcpipe.pipeline.simulator import closed_form
@@ -133,6 +140,7 @@ def test_the_depth_per_sample_pipeline_fails_the_claim(tmp_path):
 def test_a_busy_machine_leaves_the_bound_not_enforced(tmp_path):
     _, by = rows(runs(noise=1.4, load=3.1), tmp_path)
     assert by["bound"].ok is None and by["bound"].word.startswith("not enforced (load 3.10")
+    assert by["claim"].ok is None and by["claim"].word.startswith("not enforced (load 3.10")
 
 
 def test_a_run_that_misses_epsilon_fails_the_bound(tmp_path):
@@ -142,3 +150,86 @@ def test_a_run_that_misses_epsilon_fails_the_bound(tmp_path):
     _, by = rows(recs, tmp_path)
     assert by["bound"].ok is False and "1 without epsilon" in by["bound"].measured
     assert not math.isnan(depth_wall.per_iteration(recs[0]))
+
+
+# ---------------------------------------------------------------- the shipped sweep
+SWEEP = Path(__file__).resolve().parent.parent / "jobs" / "sweeps" / "depth-wall.toml"
+TUNED = {"gd": 1.0, "pprs": 64.0}  # the depth study's tuned step factors at x = 64
+
+
+def test_the_shipped_sweep_runs_the_depth_studys_tuned_configurations():
+    """x = 64: the practical settings of the depth study's plans, the step scaled by the
+    factor its tuning chose; one profile per depth, at that depth's rank count."""
+    from hpcpipe.machine.sweep_profiles import needs
+    from hpcpipe.studies.depth_runs import DepthPlan, _settings
+
+    data = tomllib.loads(SWEEP.read_text())
+    assert data["sweep"]["ranks"] == "depth" and data["base"]["tag"] == "depth-wall"
+    base = data["base"]
+    assert base["stop_at_epsilon"] == 1 and base["clock"] == "wall" and base["wait"] == "sleep"
+    seen = set()
+    for case in data["cases"]:
+        opt, depth = case["optimizer"], case["depth"]
+        seen.add((opt, depth))
+        (_, _, _, plan), *_ = _settings(DepthPlan(xs=(64.0,), methods=(opt,)))
+        got = {**base, **case}
+        for key in ("dim", "epsilon", "gamma", "samples", "seed", "layers", "problem"):
+            assert got[key] == plan[key], (opt, key)
+        assert got["lr"] == pytest.approx(TUNED[opt] * plan["lr"], rel=1e-15)
+        assert got.get("momentum") == plan.get("momentum")
+        assert got["iterations"] <= plan["iterations"]
+        assert got["machine"] == f"results/depth-wall/machine-np{depth}.toml"
+    assert seen == {(m, d) for m in ("gd", "pprs") for d in (2, 4, 8, 16, 32)}
+    got = {
+        (n.path, n.ranks, tuple(n.policies), tuple(n.widths), n.layer_time) for n in needs(SWEEP)
+    }
+    assert got == {
+        (f"results/depth-wall/machine-np{d}.toml", d, ("sleep",), (256,), 0.002)
+        for d in (2, 4, 8, 16, 32)
+    }
+
+
+def test_one_profile_named_at_two_rank_counts_is_refused(tmp_path):
+    from hpcpipe.errors import ConfigError
+    from hpcpipe.machine.sweep_profiles import needs
+
+    f = tmp_path / "s.toml"
+    f.write_text('[sweep]\nranks = "depth"\n[base]\nmachine = "m.toml"\n[grid]\ndepth = [2, 4]\n')
+    with pytest.raises(ConfigError, match="machine = 'm.toml' is named by points with ranks 2"):
+        needs(str(f))
+
+
+# ---------------------------------------------------------------- a profile from a busy machine
+def test_calibration_on_a_busy_machine_is_flagged_and_leaves_the_bound_not_enforced(
+    tmp_path, monkeypatch
+):
+    from hpcpipe.machine import calibrate
+    from hpcpipe.machine.profile import parse
+
+    monkeypatch.setattr(calibrate, "cores", lambda: 2)
+    monkeypatch.setattr(calibrate, "load_average", lambda: [5.5, 3.0, 1.0])
+    busy = calibrate.identity([1.0, 1.0, 1.0], "MPICH", "", 1.0)
+    assert busy["busy"] is True and busy["load_end"] == [5.5, 3.0, 1.0]
+    assert busy["busy_note"].startswith("calibrated under load 5.50 on 2 cores (busy machine)")
+    monkeypatch.setattr(calibrate, "load_average", lambda: [1.5, 3.0, 1.0])
+    quiet = calibrate.identity([0.5, 1.0, 1.0], "MPICH", "", 1.0)
+    assert quiet["busy"] is False and "busy_note" not in quiet
+
+    def text(machine: dict) -> str:
+        t = profile(4)
+        data = tomllib.loads(t)
+        data["machine"].update(machine)
+        return dumps(data)
+
+    assert parse(text(busy)).busy and parse(text(busy)).busy_note == busy["busy_note"]
+    assert not parse(text(quiet)).busy and parse(text(quiet)).busy_note == ""
+    # runs on a quiet machine, with profiles calibrated under load: not enforced, with the note
+    recs = [dataclasses.replace(r, machine=text(busy)) for r in runs(noise=1.4)]
+    _, by = rows(recs, tmp_path)
+    assert by["bound"].ok is None
+    assert by["bound"].word.startswith("not enforced (profile calibrated under load 5.50")
+    assert "1 of 1 profiles calibrated on a busy machine" in by["design"].measured
+    assert by["claim"].ok is None and by["claim"].word.startswith("not enforced (profile")
+    recs = [dataclasses.replace(r, machine=text(quiet)) for r in runs(noise=1.4)]
+    _, by = rows(recs, tmp_path)
+    assert by["bound"].ok is False  # the same runs with a quiet profile are judged

@@ -278,7 +278,48 @@ class Plan:
 
 
 def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (the hook tests replace to fake a busy machine)."""
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
+
+
+def busy_note(load_start: list[float], load_end: list[float], n_cores: int) -> str:
+    """'' on a quiet machine; else one line saying the costs were measured under load.
+
+    Busy: the 1-minute load average above the cores at the start or the end. Other
+    processes then share the cores, so the measured α, wake-up and layer times
+    include their time slices: predictions from the profile are those of a busy
+    machine. Calibration is not refused (the profile says so, in ``machine.busy``).
+    """
+    loads = [x[0] for x in (load_start, load_end) if x]
+    if not loads or max(loads) <= n_cores:
+        return ""
+    return (
+        f"calibrated under load {max(loads):.2f} on {n_cores} cores (busy machine): its "
+        "costs include other processes' time; calibrate again on a quiet machine"
+    )
+
+
+def identity(load_start: list[float], library: str, command: str, seconds: float) -> dict:
+    """The [machine] table: host, cores, MPI library, date, load at start and end, busy."""
+    from hpcpipe import __version__
+
+    n_cores = cores()
+    load_end = load_average()
+    note = busy_note(load_start, load_end, n_cores)
+    return {
+        "host": socket.gethostname(),
+        "architecture": platform.machine(),
+        "cores": n_cores,
+        "mpi_library": library,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_start": load_start,
+        "load_end": load_end,
+        "busy": bool(note),
+        **({"busy_note": note} if note else {}),
+        "hpcpipe": __version__,
+        "command": command,
+        "seconds": round(seconds, 3),
+    }
 
 
 def calibrate(comm, plan: Plan) -> dict | None:
@@ -288,7 +329,6 @@ def calibrate(comm, plan: Plan) -> dict | None:
     """
     from mpi4py import MPI
 
-    from hpcpipe import __version__
     from hpcpipe.pipeline.transport import Waiter
 
     if comm.size < 2:
@@ -325,18 +365,12 @@ def calibrate(comm, plan: Plan) -> dict | None:
     comm.Barrier()
     if comm.rank != 0:
         return None
-    machine = {
-        "host": socket.gethostname(),
-        "architecture": platform.machine(),
-        "cores": cores(),
-        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "load_start": load_start,
-        "load_end": load_average(),
-        "hpcpipe": __version__,
-        "command": plan.command,
-        "seconds": round(time.perf_counter() - t_start, 3),
-    }
+    machine = identity(
+        load_start,
+        MPI.Get_library_version().splitlines()[0].strip(),
+        plan.command,
+        time.perf_counter() - t_start,
+    )
     counts = {h: hosts.count(h) for h in hosts}
     return {
         "machine": machine,

@@ -23,7 +23,8 @@ and rows, an estimate otherwise (the profile's layer rows say what was measured)
 Schema (``SCHEMA = 1``)::
 
     schema = 1
-    [machine]    host, cores, mpi_library, date, load_start, load_end, hpcpipe,
+    [machine]    host, cores, mpi_library, date, load_start, load_end, busy
+                 (load above the cores during calibration), busy_note, hpcpipe,
                  command, seconds
     [placement]  ranks, hosts, ranks_per_host
     [message.<wait policy>]  alpha (s), beta (s/byte), residual, sizes (bytes),
@@ -105,6 +106,19 @@ class MachineProfile:
     @property
     def mpi_library(self) -> str:
         return str(self.machine.get("mpi_library", ""))
+
+    @property
+    def busy(self) -> bool:
+        """Calibrated on a busy machine (load above the cores: ``calibrate.busy_note``)."""
+        return self.machine.get("busy") is True
+
+    @property
+    def busy_note(self) -> str:
+        """One line for a run or a report that uses a profile calibrated under load."""
+        if not self.busy:
+            return ""
+        note = self.machine.get("busy_note")
+        return str(note) if isinstance(note, str) and note else "calibrated on a busy machine"
 
     # ------------------------------------------------------------ lookups
     def message(self, policy: str) -> MessageCost:
@@ -235,6 +249,8 @@ def parse(text: str, path: str = "") -> MachineProfile:
     machine = _table(data, "machine", pre)
     if not isinstance(machine.get("mpi_library"), str) or not machine["mpi_library"]:
         raise ConfigError(f"{pre}machine.mpi_library: missing; write the MPI library's name")
+    if "busy" in machine and not isinstance(machine["busy"], bool):
+        raise ConfigError(f"{pre}machine.busy = {machine['busy']!r} is not allowed: true or false")
     place = _table(data, "placement", pre)
     ranks = _num(place, "ranks", pre + "placement.", integer=True, positive=True)
     hosts = place.get("hosts", [])
