@@ -3,12 +3,16 @@ made from a known profile; planted faults (α × 10 in the profile, the depth-pe
 pipeline) fail their rows, and a busy machine leaves the bound row not enforced."""
 
 import dataclasses
+import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -233,3 +237,83 @@ def test_calibration_on_a_busy_machine_is_flagged_and_leaves_the_bound_not_enfor
     recs = [dataclasses.replace(r, machine=text(quiet)) for r in runs(noise=1.4)]
     _, by = rows(recs, tmp_path)
     assert by["bound"].ok is False  # the same runs with a quiet profile are judged
+
+
+# ---------------------------------------------------------------- the real machinery, tiny
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+
+def hpcpipe(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "hpcpipe", *args],
+        capture_output=True, text=True, timeout=600, env=ENV, cwd=cwd,
+    )  # fmt: skip
+
+
+def _toml(v) -> str:
+    return json.dumps(v)  # strings, numbers and lists are written alike in TOML and JSON
+
+
+@pytest.mark.slow
+def test_the_sweep_machinery_runs_a_tiny_depth_wall(tmp_path):
+    """calibrate --sweep, sweep and analyze on the shipped sweep cut to depth 2 and 4 at
+    x = 16 (d = 16, the depth study's practical settings there), 1 ms layers, small
+    budgets. What is checked does not depend on the machine's speed: every run reaches
+    epsilon at the simulated pipeline's iteration count, the prediction is that count x
+    the calibrated pipeline time of an iteration, and the rows are written."""
+    from hpcpipe.run.config import make_config
+    from hpcpipe.run.runner import run
+    from hpcpipe.studies.common import load_records
+    from hpcpipe.studies.depth_runs import DepthPlan, _settings
+
+    data = tomllib.loads(SWEEP.read_text())
+    base = {**data["base"], "layer_time": 0.001}
+    lines = ['[sweep]\nname = "tiny"\nout = "results/depth-wall"\nranks = "depth"', "[base]"]
+    lines += [f"{k} = {_toml(v)}" for k, v in base.items()]
+    counts = {}
+    for opt in ("gd", "pprs"):
+        (_, _, _, plan), *_ = _settings(DepthPlan(xs=(16.0,), methods=(opt,)))
+        keys = ("dim", "epsilon", "lr", "gamma", "samples") + (
+            ("momentum",) if opt == "pprs" else ()
+        )
+        values = {k: plan[k] for k in keys}
+        values["lr"] *= TUNED[opt]
+        for depth in (2, 4):
+            sim = {**base, **values, "optimizer": opt, "depth": depth, "iterations": 40}
+            sim.update(executor="simulated", clock="model", layer_time=0.0, wait="auto", output="")
+            res = run(make_config(sim), MPI.COMM_SELF)
+            gap = np.asarray(res.column("gap"))
+            counts[(opt, depth)] = int(np.flatnonzero(gap <= values["epsilon"])[0]) + 1
+            lines += ["[[cases]]", f'label = "{opt}-D{depth}"', f"optimizer = {_toml(opt)}"]
+            lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
+            lines += [f"depth = {depth}", "iterations = 40"]
+            lines += [f'machine = "profiles/np{depth}.toml"']
+    sweep = tmp_path / "tiny.toml"
+    sweep.write_text("\n".join(lines) + "\n")
+    cal = hpcpipe(
+        "calibrate", "--sweep", "tiny.toml", "--budget", "0.1", "--sizes", "8,128",
+        "--kinds", "orthogonal", cwd=tmp_path,
+    )  # fmt: skip
+    assert cal.returncode == 0, cal.stdout + cal.stderr
+    assert (tmp_path / "profiles" / "np2.toml").is_file()
+    assert (tmp_path / "profiles" / "np4.toml").is_file()
+    again = hpcpipe("calibrate", "--sweep", "tiny.toml", cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout.count("kept profiles/") == 2
+    sw = hpcpipe("sweep", "tiny.toml", cwd=tmp_path)
+    assert sw.returncode == 0, sw.stdout + sw.stderr
+    an = hpcpipe("analyze", "results", "-o", "report", "--study", "depth-wall", cwd=tmp_path)
+    assert an.returncode in (0, 1), an.stdout + an.stderr  # 1: the bound failed (noise)
+    report = (tmp_path / "report" / "report.md").read_text()
+    for row in ("load recorded at every run's start and end", "measured/predicted in [0.9",
+                "PPRS reaches epsilon before GD for depth >= Delta*"):  # fmt: skip
+        assert row in report
+    recs = load_records(tmp_path / "results" / "depth-wall")
+    assert len(recs) == 4
+    for r in recs:
+        its, secs = depth_wall.to_epsilon(r)
+        assert its == counts[(r.config["optimizer"], r.n_ranks)], r.file
+        assert secs > 0 and len(r.it["iteration"]) == its  # stopped at epsilon
+        per = depth_wall.per_iteration(r)
+        # an action costs at least the emulated 1 ms: 2Δ of them for GD, 2(K + Δ − 1) PPRS
+        assert per >= 2 * (depth_wall.items(r) + r.n_ranks - 1) * 0.001
+    assert "![depth-wall](depth_wall.png)" in report
