@@ -28,7 +28,8 @@ Schema (``SCHEMA = 1``)::
                  command, seconds
     [placement]  ranks, hosts, ranks_per_host
     [message.<wait policy>]  alpha (s), beta (s/byte), residual, sizes (bytes),
-                 hop_seconds (measured medians), wakeup (s)
+                 hop_seconds (measured medians), wakeup (s), action_overhead (s per
+                 action, optional: 0 when absent)
     [[layers]]   kind, width, rows, forward (s), backward (s), spread
     [emulated]   layer_time (s, as set), sleep (s, measured duration), spread
 
@@ -66,6 +67,7 @@ class MessageCost:
     sizes: tuple[int, ...]
     hop_seconds: tuple[float, ...]
     wakeup: float
+    action_overhead: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -173,12 +175,16 @@ class MachineProfile:
                     f"has layer_time = {layer_time:g}; calibrate with --layer-time {layer_time:g}"
                 )
 
-    def cost_model(self, spec, rows: int, policy: str, layer_time: float = 0.0) -> CostModel:
+    def cost_model(
+        self, spec, rows: int, policy: str, layer_time: float = 0.0, stages: int = 0
+    ) -> CostModel:
         """Per-block (t_F, t_B) and the message α, β of ``policy`` for model ``spec``, seconds.
 
         Block b of dims n_b × n_{b+1}: t = t(kind, w)·(rows·n_b·n_{b+1})/(rows_cal·w²)
         with w the model's width (``width``, or d for a chain; it must have been
-        calibrated), plus the emulated action's measured duration.
+        calibrated), plus the emulated action's measured duration, plus the engine's
+        action overhead o of the policy spread over the blocks of a stage
+        (o·stages/depth per block; ``stages`` 0: one block per stage).
         """
         msg = self.message(policy)
         if getattr(spec, "kind", None) not in KINDS:
@@ -193,6 +199,7 @@ class MachineProfile:
         if layer_time > 0:
             self.check_run(self.ranks, policy, layer_time, "")
             extra = self.emulated.sleep  # type: ignore[union-attr]
+        extra += msg.action_overhead * (stages or spec.depth) / spec.depth
         tf, tb = [], []
         for b in range(spec.depth):
             scale = (rows * dims[b] * dims[b + 1]) / (cal.rows * w * w)
@@ -282,6 +289,7 @@ def parse(text: str, path: str = "") -> MachineProfile:
             sizes,
             hops,
             _num(m, "wakeup", where),
+            _num(m, "action_overhead", where) if "action_overhead" in m else 0.0,
         )
     layers = []
     raw = data.get("layers", [])
@@ -364,6 +372,7 @@ MESSAGE_NOTES = {
     "sizes": "payload bytes measured",
     "hop_seconds": "measured median time per hop at each size",
     "wakeup": "s: one-way latency to a rank that has waited idle under this policy",
+    "action_overhead": "s per action the engine adds at this rank count (GPipe call fit)",
 }
 
 

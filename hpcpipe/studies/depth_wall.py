@@ -88,7 +88,7 @@ def per_iteration(r) -> float:
     if policy == "auto":  # as transport.Waiter resolves it on the calibrated machine
         policy = "busy" if S <= int(prof.machine.get("cores", 1)) else "yield"
     spec = ModelSpec("orthogonal", depth=depth, d_in=d, d_out=d)
-    costs = prof.cost_model(spec, 1, policy, float(r.config.get("layer_time", 0.0)))
+    costs = prof.cost_model(spec, 1, policy, float(r.config.get("layer_time", 0.0)), stages=S)
     tf, tb = stage_times(costs, depth, S)
     n = items(r)
     msg = message_costs(costs, [d] * (S - 1), [1] * n) if S > 1 else None
