@@ -25,6 +25,7 @@ def profile_text(ranks: int) -> str:
         "sizes": sizes,
         "hop_seconds": [3.7e-5 + 1.3e-9 * b for b in sizes],
         "wakeup": 1e-5,
+        "action_overhead": 7e-6,  # per stage action: spread over a stage's blocks
     }
     return dumps(
         {
