@@ -126,6 +126,11 @@ def test_a_machine_that_follows_its_model_holds_every_row(tmp_path):
     assert any(f.endswith("depth_wall.png") for f in res.figures)
     table = dict((t[0], t) for t in res.tables)
     assert len(table["time to epsilon: measured and predicted seconds"][2]) == 12
+    # real layer compute: in the table and the bound row, not in the claim's grid
+    real = [dataclasses.replace(r, config={**r.config, "layer_time": 0.0}) for r in runs()[:2]]
+    real = [dataclasses.replace(r, file="real-" + r.file) for r in real]
+    res2, by2 = rows(recs + real, tmp_path)
+    assert "over 14 runs" in by2["bound"].measured and by2["claim"].measured == claim.measured
 
 
 def test_a_profile_with_alpha_times_ten_fails_the_bound(tmp_path):
@@ -174,7 +179,6 @@ def test_the_shipped_sweep_runs_the_depth_studys_tuned_configurations():
     seen = set()
     for case in data["cases"]:
         opt, depth = case["optimizer"], case["depth"]
-        seen.add((opt, depth))
         (_, _, _, plan), *_ = _settings(DepthPlan(xs=(64.0,), methods=(opt,)))
         got = {**base, **case}
         for key in ("dim", "epsilon", "gamma", "samples", "seed", "layers", "problem"):
@@ -182,15 +186,18 @@ def test_the_shipped_sweep_runs_the_depth_studys_tuned_configurations():
         assert got["lr"] == pytest.approx(TUNED[opt] * plan["lr"], rel=1e-15)
         assert got.get("momentum") == plan.get("momentum")
         assert got["iterations"] <= plan["iterations"]
-        assert got["machine"] == f"results/depth-wall/machine-np{depth}.toml"
-    assert seen == {(m, d) for m in ("gd", "pprs") for d in (2, 4, 8, 16, 32)}
+        real = "-real" if got["layer_time"] == 0 else ""
+        assert got["machine"] == f"results/depth-wall/machine-np{depth}{real}.toml"
+        seen.add((opt, depth, got["layer_time"]))
+    emulated = {(m, d, 0.002) for m in ("gd", "pprs") for d in (2, 4, 8, 16, 32)}
+    assert seen == emulated | {("gd", 2, 0.0), ("pprs", 2, 0.0)}
     got = {
         (n.path, n.ranks, tuple(n.policies), tuple(n.widths), n.layer_time) for n in needs(SWEEP)
     }
     assert got == {
         (f"results/depth-wall/machine-np{d}.toml", d, ("sleep",), (256,), 0.002)
         for d in (2, 4, 8, 16, 32)
-    }
+    } | {("results/depth-wall/machine-np2-real.toml", 2, ("sleep",), (256,), 0.0)}
 
 
 def test_one_profile_named_at_two_rank_counts_is_refused(tmp_path):
