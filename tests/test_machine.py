@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from hpcpipe.errors import ConfigError
 from hpcpipe.machine.calibrate import fit, spread
-from hpcpipe.machine.profile import dumps, parse, read
+from hpcpipe.machine.profile import dumps, library_name, parse, read
 from hpcpipe.model.stages import ModelSpec
 from hpcpipe.pipeline.simulator import closed_form
 from hpcpipe.run.config import make_config, validate
@@ -19,7 +19,7 @@ from hpcpipe.run.results import load as load_result
 from hpcpipe.run.runner import run
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-LIBRARY = MPI.Get_library_version().splitlines()[0].strip()
+LIBRARY = library_name()
 ALPHA, BETA, WAKE = 40e-6, 2e-9, 15e-6
 T_F, T_B, SLEEP = 30e-6, 45e-6, 2.1e-3
 
@@ -342,3 +342,12 @@ def test_bench_pipeline_refuses_a_profile_of_other_ranks_in_one_line(tmp_path):
     err = p.stderr.strip()
     assert p.returncode == 2, p.stdout + p.stderr
     assert "placement.ranks = 8" in err and len(err.splitlines()) == 1, err
+
+
+def test_a_library_name_with_control_characters_makes_a_readable_profile(tmp_path):
+    """Open MPI's version string ends in a NUL, which TOML does not allow in a string:
+    library_name drops it, and the writer escapes any control character left."""
+    assert "\x00" not in library_name() and library_name() == library_name().strip()
+    data = profile_data(library="Open MPI v5.0.11, Sep 16, 2026\x00\x01")
+    prof = parse(dumps(data))
+    assert prof.mpi_library == "Open MPI v5.0.11, Sep 16, 2026\x00\x01"

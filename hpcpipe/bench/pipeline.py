@@ -36,16 +36,14 @@ def read_machine(path: str, ranks: int, wait: str, layer_time: float, spin: bool
     naming the field when it was calibrated for other ranks, MPI, wait or layer_time."""
     if not path:
         return None
-    from mpi4py import MPI
-
     from hpcpipe.errors import ConfigError
-    from hpcpipe.machine.profile import read
+    from hpcpipe.machine.profile import library_name, read
     from hpcpipe.pipeline.transport import Waiter
 
     if spin:
         raise ConfigError("--machine: a profile times sleeping actions; drop --spin")
     profile = read(path)
-    library = MPI.Get_library_version().splitlines()[0].strip()
+    library = library_name()
     profile.check_run(ranks, Waiter(wait, ranks).policy, layer_time, library)
     return profile
 

@@ -388,8 +388,8 @@ def calibrate(comm, plan: Plan) -> dict | None:
 
     Needs at least 2 ranks (a message needs a receiver).
     """
-    from mpi4py import MPI
 
+    from hpcpipe.machine.profile import library_name
     from hpcpipe.pipeline.transport import Waiter
 
     if comm.size < 2:
@@ -435,7 +435,7 @@ def calibrate(comm, plan: Plan) -> dict | None:
         return None
     machine = identity(
         load_start,
-        MPI.Get_library_version().splitlines()[0].strip(),
+        library_name(),
         plan.command,
         time.perf_counter() - t_start,
     )

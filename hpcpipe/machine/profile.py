@@ -208,6 +208,16 @@ class MachineProfile:
         return CostModel(tuple(tf), tuple(tb), msg.alpha, msg.beta)
 
 
+def library_name() -> str:
+    """The MPI library's identity as a profile records it: the first line of
+    ``MPI.Get_library_version()`` without NUL characters (Open MPI's string ends in one,
+    which TOML does not allow in a string)."""
+    from mpi4py import MPI
+
+    lines = MPI.Get_library_version().replace("\x00", "").splitlines() or [""]
+    return lines[0].strip()
+
+
 # ---------------------------------------------------------------- reading
 def _num(data: dict, key: str, where: str, integer: bool = False, positive: bool = False):
     if key not in data:
@@ -349,8 +359,10 @@ def _value(v) -> str:
         return str(v)
     if isinstance(v, float):
         return repr(v) if math.isfinite(v) else ("nan" if math.isnan(v) else "inf")
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, str):  # a TOML basic string: escape \, " and control characters
+        out = v.replace("\\", "\\\\").replace('"', '\\"')
+        out = "".join(f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in out)
+        return '"' + out + '"'
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_value(x) for x in v) + "]"
     raise TypeError(f"cannot write {v!r} to TOML")

@@ -9,11 +9,11 @@ import pytest
 from helpers import WORLD, from_root, sub_comm
 from mpi4py import MPI
 
-from hpcpipe.machine.profile import dumps
+from hpcpipe.machine.profile import dumps, library_name
 from hpcpipe.run.config import make_config
 from hpcpipe.run.runner import run
 
-LIBRARY = MPI.Get_library_version().splitlines()[0].strip()
+LIBRARY = library_name()
 
 
 def profile_text(ranks: int) -> str:
