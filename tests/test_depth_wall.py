@@ -115,6 +115,7 @@ def test_a_machine_that_follows_its_model_holds_every_row(tmp_path):
     res, by = rows(recs, tmp_path)
     assert by["bound"].ok is True and "ratios 1.030..1.030 over 12 runs" in by["bound"].measured
     assert by["design"].ok is None and "load 0.50 on 2 cores" in by["design"].measured
+    assert "load at start 0.50, at end 0.50 (runs: 0.50..0.50)" in by["design"].measured
     claim = by["claim"]
     assert claim.ok is True and claim.word == "reproduced"
     # GD/PPRS = 40·2Δ/(20·2(K + Δ − 1)) ≈ 2Δ/(7 + Δ): crossing 1 between Δ = 4 and 8,

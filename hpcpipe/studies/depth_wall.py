@@ -101,6 +101,17 @@ def per_iteration(r) -> float:
     return simulate(build("gpipe", S, n), tf, tb, msg).makespan
 
 
+def start_end(recs) -> str:
+    """The 1-minute load at the start of the first run and the end of the last (file order:
+    the sweep's order) and the range over all runs' starts and ends."""
+    info = [r.info or {} for r in sorted(recs, key=lambda r: r.file)]
+    if not all("load_start" in i for i in info):
+        return "load at start and end not recorded"
+    vals = [float(v) for i in info for v in (i["load_start"], i.get("load_end", i["load_start"]))]
+    first, last = float(info[0]["load_start"]), float(info[-1].get("load_end", vals[-1]))
+    return f"load at start {first:.2f}, at end {last:.2f} (runs: {min(vals):.2f}..{max(vals):.2f})"
+
+
 def emulated(r) -> bool:
     """Emulated layers (``layer_time`` > 0), else real layer compute."""
     return float(r.config.get("layer_time", 0.0)) > 0
@@ -141,7 +152,7 @@ def study(records, outdir: Path) -> StudyResult:
             NAME,
             "wall-clock runs on a quiet machine (load average <= cores at start and end)",
             "load recorded at every run's start and end",
-            load,
+            f"{load}; {start_end(recs)}",
             None,
             files_of(recs),
             kind="design",
