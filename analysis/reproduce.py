@@ -33,13 +33,17 @@ SWEEPS = ROOT / "jobs" / "sweeps"
 
 @dataclass(frozen=True)
 class Step:
-    """One command of a study; ``sweep`` names a file under jobs/sweeps/, else ``module``."""
+    """One command of a study; ``sweep`` names a file under jobs/sweeps/, else ``module``;
+    ``calibrate`` names a sweep file whose missing machine profiles are calibrated."""
 
     sweep: str = ""
     module: str = ""
     beside: bool = False
+    calibrate: str = ""
 
     def argv(self, out: Path) -> list[str]:
+        if self.calibrate:
+            return ["hpcpipe", "calibrate", "--sweep", str(SWEEPS / f"{self.calibrate}.toml")]
         if self.sweep:
             name = self.sweep
             return ["hpcpipe", "sweep", str(SWEEPS / f"{name}.toml"), "--out", str(out / name)]
@@ -51,6 +55,8 @@ class Step:
 STUDIES: dict[str, list[Step]] = {
     "pipeline-time": [Step(sweep="pipeline-time")],
     "depth": [Step(module="hpcpipe.studies.depth_runs")],
+    # one profile per depth (a profile holds one rank count), at the paths the sweep names
+    "depth-wall": [Step(calibrate="depth-wall"), Step(sweep="depth-wall")],
     "dimension": [Step(module="hpcpipe.studies.dimension_runs")],
     "smooth": [Step(sweep="smooth"), Step(sweep="smooth-worstcase")],
     "lower": [Step(sweep="lower"), Step(sweep="lower-mpi")],

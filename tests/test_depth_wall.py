@@ -3,10 +3,21 @@ made from a known profile; planted faults (α × 10 in the profile, the depth-pe
 pipeline) fail their rows, and a busy machine leaves the bound row not enforced."""
 
 import dataclasses
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+from mpi4py import MPI
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 from hpcpipe.machine.profile import dumps
 from hpcpipe.pipeline.simulator import closed_form
@@ -104,6 +115,7 @@ def test_a_machine_that_follows_its_model_holds_every_row(tmp_path):
     res, by = rows(recs, tmp_path)
     assert by["bound"].ok is True and "ratios 1.030..1.030 over 12 runs" in by["bound"].measured
     assert by["design"].ok is None and "load 0.50 on 2 cores" in by["design"].measured
+    assert "load at start 0.50, at end 0.50 (runs: 0.50..0.50)" in by["design"].measured
     claim = by["claim"]
     assert claim.ok is True and claim.word == "reproduced"
     # GD/PPRS = 40·2Δ/(20·2(K + Δ − 1)) ≈ 2Δ/(7 + Δ): crossing 1 between Δ = 4 and 8,
@@ -115,6 +127,11 @@ def test_a_machine_that_follows_its_model_holds_every_row(tmp_path):
     assert any(f.endswith("depth_wall.png") for f in res.figures)
     table = dict((t[0], t) for t in res.tables)
     assert len(table["time to epsilon: measured and predicted seconds"][2]) == 12
+    # real layer compute: in the table and the bound row, not in the claim's grid
+    real = [dataclasses.replace(r, config={**r.config, "layer_time": 0.0}) for r in runs()[:2]]
+    real = [dataclasses.replace(r, file="real-" + r.file) for r in real]
+    res2, by2 = rows(recs + real, tmp_path)
+    assert "over 14 runs" in by2["bound"].measured and by2["claim"].measured == claim.measured
 
 
 def test_a_profile_with_alpha_times_ten_fails_the_bound(tmp_path):
@@ -133,6 +150,7 @@ def test_the_depth_per_sample_pipeline_fails_the_claim(tmp_path):
 def test_a_busy_machine_leaves_the_bound_not_enforced(tmp_path):
     _, by = rows(runs(noise=1.4, load=3.1), tmp_path)
     assert by["bound"].ok is None and by["bound"].word.startswith("not enforced (load 3.10")
+    assert by["claim"].ok is None and by["claim"].word.startswith("not enforced (load 3.10")
 
 
 def test_a_run_that_misses_epsilon_fails_the_bound(tmp_path):
@@ -142,3 +160,168 @@ def test_a_run_that_misses_epsilon_fails_the_bound(tmp_path):
     _, by = rows(recs, tmp_path)
     assert by["bound"].ok is False and "1 without epsilon" in by["bound"].measured
     assert not math.isnan(depth_wall.per_iteration(recs[0]))
+
+
+# ---------------------------------------------------------------- the shipped sweep
+SWEEP = Path(__file__).resolve().parent.parent / "jobs" / "sweeps" / "depth-wall.toml"
+TUNED = {"gd": 1.0, "pprs": 64.0}  # the depth study's tuned step factors at x = 64
+
+
+def test_the_shipped_sweep_runs_the_depth_studys_tuned_configurations():
+    """x = 64: the practical settings of the depth study's plans, the step scaled by the
+    factor its tuning chose; one profile per depth, at that depth's rank count."""
+    from hpcpipe.machine.sweep_profiles import needs
+    from hpcpipe.studies.depth_runs import DepthPlan, _settings
+
+    data = tomllib.loads(SWEEP.read_text())
+    assert data["sweep"]["ranks"] == "depth" and data["base"]["tag"] == "depth-wall"
+    base = data["base"]
+    assert base["stop_at_epsilon"] == 1 and base["clock"] == "wall" and base["wait"] == "sleep"
+    seen = set()
+    for case in data["cases"]:
+        opt, depth = case["optimizer"], case["depth"]
+        (_, _, _, plan), *_ = _settings(DepthPlan(xs=(64.0,), methods=(opt,)))
+        got = {**base, **case}
+        for key in ("dim", "epsilon", "gamma", "samples", "seed", "layers", "problem"):
+            assert got[key] == plan[key], (opt, key)
+        assert got["lr"] == pytest.approx(TUNED[opt] * plan["lr"], rel=1e-15)
+        assert got.get("momentum") == plan.get("momentum")
+        assert got["iterations"] <= plan["iterations"]
+        real = "-real" if got["layer_time"] == 0 else ""
+        assert got["machine"] == f"results/depth-wall/machine-np{depth}{real}.toml"
+        seen.add((opt, depth, got["layer_time"]))
+    emulated = {(m, d, 0.002) for m in ("gd", "pprs") for d in (2, 4, 8, 16, 32)}
+    assert seen == emulated | {("gd", 2, 0.0), ("pprs", 2, 0.0)}
+    got = {
+        (n.path, n.ranks, tuple(n.policies), tuple(n.widths), n.layer_time) for n in needs(SWEEP)
+    }
+    assert got == {
+        (f"results/depth-wall/machine-np{d}.toml", d, ("sleep",), (256,), 0.002)
+        for d in (2, 4, 8, 16, 32)
+    } | {("results/depth-wall/machine-np2-real.toml", 2, ("sleep",), (256,), 0.0)}
+
+
+def test_one_profile_named_at_two_rank_counts_is_refused(tmp_path):
+    from hpcpipe.errors import ConfigError
+    from hpcpipe.machine.sweep_profiles import needs
+
+    f = tmp_path / "s.toml"
+    f.write_text('[sweep]\nranks = "depth"\n[base]\nmachine = "m.toml"\n[grid]\ndepth = [2, 4]\n')
+    with pytest.raises(ConfigError, match="machine = 'm.toml' is named by points with ranks 2"):
+        needs(str(f))
+
+
+# ---------------------------------------------------------------- a profile from a busy machine
+def test_calibration_on_a_busy_machine_is_flagged_and_leaves_the_bound_not_enforced(
+    tmp_path, monkeypatch
+):
+    from hpcpipe.machine import calibrate
+    from hpcpipe.machine.profile import parse
+
+    monkeypatch.setattr(calibrate, "cores", lambda: 2)
+    monkeypatch.setattr(calibrate, "load_average", lambda: [5.5, 3.0, 1.0])
+    busy = calibrate.identity([1.0, 1.0, 1.0], "MPICH", "", 1.0)
+    assert busy["busy"] is True and busy["load_end"] == [5.5, 3.0, 1.0]
+    assert busy["busy_note"].startswith("calibrated under load 5.50 on 2 cores (busy machine)")
+    monkeypatch.setattr(calibrate, "load_average", lambda: [1.5, 3.0, 1.0])
+    quiet = calibrate.identity([0.5, 1.0, 1.0], "MPICH", "", 1.0)
+    assert quiet["busy"] is False and "busy_note" not in quiet
+
+    def text(machine: dict) -> str:
+        t = profile(4)
+        data = tomllib.loads(t)
+        data["machine"].update(machine)
+        return dumps(data)
+
+    assert parse(text(busy)).busy and parse(text(busy)).busy_note == busy["busy_note"]
+    assert not parse(text(quiet)).busy and parse(text(quiet)).busy_note == ""
+    # runs on a quiet machine, with profiles calibrated under load: not enforced, with the note
+    recs = [dataclasses.replace(r, machine=text(busy)) for r in runs(noise=1.4)]
+    _, by = rows(recs, tmp_path)
+    assert by["bound"].ok is None
+    assert by["bound"].word.startswith("not enforced (profile calibrated under load 5.50")
+    assert "1 of 1 profiles calibrated on a busy machine" in by["design"].measured
+    assert by["claim"].ok is None and by["claim"].word.startswith("not enforced (profile")
+    recs = [dataclasses.replace(r, machine=text(quiet)) for r in runs(noise=1.4)]
+    _, by = rows(recs, tmp_path)
+    assert by["bound"].ok is False  # the same runs with a quiet profile are judged
+
+
+# ---------------------------------------------------------------- the real machinery, tiny
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+
+def hpcpipe(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "hpcpipe", *args],
+        capture_output=True, text=True, timeout=600, env=ENV, cwd=cwd,
+    )  # fmt: skip
+
+
+def _toml(v) -> str:
+    return json.dumps(v)  # strings, numbers and lists are written alike in TOML and JSON
+
+
+@pytest.mark.slow
+def test_the_sweep_machinery_runs_a_tiny_depth_wall(tmp_path):
+    """calibrate --sweep, sweep and analyze on the shipped sweep cut to depth 2 and 4 at
+    x = 16 (d = 16, the depth study's practical settings there), 1 ms layers, small
+    budgets. What is checked does not depend on the machine's speed: every run reaches
+    epsilon at the simulated pipeline's iteration count, the prediction is that count x
+    the calibrated pipeline time of an iteration, and the rows are written."""
+    from hpcpipe.run.config import make_config
+    from hpcpipe.run.runner import run
+    from hpcpipe.studies.common import load_records
+    from hpcpipe.studies.depth_runs import DepthPlan, _settings
+
+    data = tomllib.loads(SWEEP.read_text())
+    base = {**data["base"], "layer_time": 0.001}
+    lines = ['[sweep]\nname = "tiny"\nout = "results/depth-wall"\nranks = "depth"', "[base]"]
+    lines += [f"{k} = {_toml(v)}" for k, v in base.items()]
+    counts = {}
+    for opt in ("gd", "pprs"):
+        (_, _, _, plan), *_ = _settings(DepthPlan(xs=(16.0,), methods=(opt,)))
+        keys = ("dim", "epsilon", "lr", "gamma", "samples") + (
+            ("momentum",) if opt == "pprs" else ()
+        )
+        values = {k: plan[k] for k in keys}
+        values["lr"] *= TUNED[opt]
+        for depth in (2, 4):
+            sim = {**base, **values, "optimizer": opt, "depth": depth, "iterations": 40}
+            sim.update(executor="simulated", clock="model", layer_time=0.0, wait="auto", output="")
+            res = run(make_config(sim), MPI.COMM_SELF)
+            gap = np.asarray(res.column("gap"))
+            counts[(opt, depth)] = int(np.flatnonzero(gap <= values["epsilon"])[0]) + 1
+            lines += ["[[cases]]", f'label = "{opt}-D{depth}"', f"optimizer = {_toml(opt)}"]
+            lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
+            lines += [f"depth = {depth}", "iterations = 40"]
+            lines += [f'machine = "profiles/np{depth}.toml"']
+    sweep = tmp_path / "tiny.toml"
+    sweep.write_text("\n".join(lines) + "\n")
+    cal = hpcpipe(
+        "calibrate", "--sweep", "tiny.toml", "--budget", "0.1", "--sizes", "8,128",
+        "--kinds", "orthogonal", cwd=tmp_path,
+    )  # fmt: skip
+    assert cal.returncode == 0, cal.stdout + cal.stderr
+    assert (tmp_path / "profiles" / "np2.toml").is_file()
+    assert (tmp_path / "profiles" / "np4.toml").is_file()
+    again = hpcpipe("calibrate", "--sweep", "tiny.toml", cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout.count("kept profiles/") == 2
+    sw = hpcpipe("sweep", "tiny.toml", cwd=tmp_path)
+    assert sw.returncode == 0, sw.stdout + sw.stderr
+    an = hpcpipe("analyze", "results", "-o", "report", "--study", "depth-wall", cwd=tmp_path)
+    assert an.returncode in (0, 1), an.stdout + an.stderr  # 1: the bound failed (noise)
+    report = (tmp_path / "report" / "report.md").read_text()
+    for row in ("load recorded at every run's start and end", "measured/predicted in [0.9",
+                "PPRS reaches epsilon before GD for depth >= Delta*"):  # fmt: skip
+        assert row in report
+    recs = load_records(tmp_path / "results" / "depth-wall")
+    assert len(recs) == 4
+    for r in recs:
+        its, secs = depth_wall.to_epsilon(r)
+        assert its == counts[(r.config["optimizer"], r.n_ranks)], r.file
+        assert secs > 0 and len(r.it["iteration"]) == its  # stopped at epsilon
+        per = depth_wall.per_iteration(r)
+        # an action costs at least the emulated 1 ms: 2Δ of them for GD, 2(K + Δ − 1) PPRS
+        assert per >= 2 * (depth_wall.items(r) + r.n_ranks - 1) * 0.001
+    assert "![depth-wall](depth_wall.png)" in report

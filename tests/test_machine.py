@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from hpcpipe.errors import ConfigError
 from hpcpipe.machine.calibrate import fit, spread
-from hpcpipe.machine.profile import dumps, parse, read
+from hpcpipe.machine.profile import dumps, library_name, parse, read
 from hpcpipe.model.stages import ModelSpec
 from hpcpipe.pipeline.simulator import closed_form
 from hpcpipe.run.config import make_config, validate
@@ -19,7 +19,7 @@ from hpcpipe.run.results import load as load_result
 from hpcpipe.run.runner import run
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-LIBRARY = MPI.Get_library_version().splitlines()[0].strip()
+LIBRARY = library_name()
 ALPHA, BETA, WAKE = 40e-6, 2e-9, 15e-6
 T_F, T_B, SLEEP = 30e-6, 45e-6, 2.1e-3
 
@@ -299,3 +299,55 @@ def test_calibrate_writes_a_profile_that_a_run_accepts(tmp_path):
         str(out), "--layer-time", "0", "--no-output", "--progress", "off",
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------- the engine's action overhead
+O = 150e-6
+
+
+def test_the_action_overhead_is_charged_per_stage_action(tmp_path):
+    data = profile_data()
+    data["message"]["sleep"]["action_overhead"] = O
+    prof = read(write(tmp_path, data))
+    spec = ModelSpec("orthogonal", depth=4, d_in=16, d_out=16)
+    one = prof.cost_model(spec, rows=1, policy="sleep", layer_time=0.002)
+    assert one.t_forward == pytest.approx((T_F + SLEEP + O,) * 4, rel=1e-15)
+    two = prof.cost_model(spec, rows=1, policy="sleep", layer_time=0.002, stages=2)
+    assert two.t_backward == pytest.approx((T_B + SLEEP + O / 2,) * 4, rel=1e-15)
+    assert prof.cost_model(spec, rows=1, policy="busy").t_forward == (T_F,) * 4  # not measured
+
+
+@pytest.mark.parametrize("overhead", [0.0, O])
+def test_calibration_recovers_a_planted_action_overhead(overhead):
+    """The fit o = (measured − model)/(2(K + P − 1)) returns the overhead a machine that
+    follows the model with o per action would show, and 0 when it has none."""
+    from hpcpipe.machine.calibrate import action_overhead
+
+    P, K, w = 4, 4, 16
+    data = profile_data(ranks=P)
+    c = ALPHA + BETA * w * 8
+    base = closed_form("gpipe", P, K, T_F + SLEEP, T_B + SLEEP, c)
+    machine = closed_form("gpipe", P, K, T_F + SLEEP + overhead, T_B + SLEEP + overhead, c)
+    got = action_overhead(data, "sleep", machine, w, K)
+    assert got == pytest.approx(overhead, abs=1e-12)
+    assert machine - base == pytest.approx(2 * (K + P - 1) * overhead, rel=1e-9)
+
+
+def test_bench_pipeline_refuses_a_profile_of_other_ranks_in_one_line(tmp_path):
+    path = write(tmp_path, profile_data(ranks=8))
+    p = hpcpipe(
+        "bench", "pipeline", "--np", "2", "--layer-time", "0.002", "--wait", "sleep",
+        "--machine", path, "--repeats", "1",
+    )  # fmt: skip
+    err = p.stderr.strip()
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "placement.ranks = 8" in err and len(err.splitlines()) == 1, err
+
+
+def test_a_library_name_with_control_characters_makes_a_readable_profile(tmp_path):
+    """Open MPI's version string ends in a NUL, which TOML does not allow in a string:
+    library_name drops it, and the writer escapes any control character left."""
+    assert "\x00" not in library_name() and library_name() == library_name().strip()
+    data = profile_data(library="Open MPI v5.0.11, Sep 16, 2026\x00\x01")
+    prof = parse(dumps(data))
+    assert prof.mpi_library == "Open MPI v5.0.11, Sep 16, 2026\x00\x01"

@@ -31,8 +31,9 @@ def test_every_step_names_a_sweep_file_or_a_driver_with_out():
     for name, steps in mod.STUDIES.items():
         assert steps, name
         for step in steps:
-            if step.sweep:
-                assert (mod.SWEEPS / f"{step.sweep}.toml").is_file(), (name, step.sweep)
+            if step.sweep or step.calibrate:
+                sweep = step.sweep or step.calibrate
+                assert (mod.SWEEPS / f"{sweep}.toml").is_file(), (name, sweep)
             else:
                 driver = importlib.import_module(step.module)
                 assert hasattr(driver, "main"), step.module

@@ -21,6 +21,17 @@ OSU-style loops on preallocated buffers, through the engine's own channel
   median over blocks.
 * **emulated**: rank 0 times ``time.sleep(layer_time)``, what an emulated
   action costs.
+* **action overhead** (per wait policy): the engine itself runs one GPipe
+  oracle call of K = ``overhead_items`` items through an orthogonal chain of
+  one layer per rank at the first width (emulated ``layer_time`` if set),
+  median over repeats. What the measured layer, emulated-action and message
+  costs above do not explain, per slot of the critical path,
+  o = (measured − model)/(2(K + P − 1)) (clipped at 0), is the engine's
+  per-action cost at this rank count: Python bookkeeping, starting and
+  completing requests, a waiting rank's wake-up beyond the relay's. The
+  profile charges it on every action (``profile.cost_model``). K is kept
+  small so that a run with other K, schedules or depths is a prediction, not
+  the fit.
 
 Timing budget: every (policy, size) gets at least ``MIN_BLOCKS`` blocks and
 at most ``budget`` seconds (rank 0 decides and broadcasts, so all ranks run
@@ -260,6 +271,54 @@ def sleep_time(layer_time: float, repeats: int) -> dict:
     return {"layer_time": layer_time, "sleep": float(np.median(xs)), "spread": spread(xs)}
 
 
+# ---------------------------------------------------------------- action overhead
+def engine_call(comm, policy: str, layer_time: float, width: int, K: int, repeats: int) -> float:
+    """Median wall seconds of one GPipe oracle call (one orthogonal layer per rank, K items)."""
+    from hpcpipe.model.stages import ModelSpec, random_batch
+    from hpcpipe.pipeline.engine import Engine
+
+    spec = ModelSpec("orthogonal", depth=comm.size, d_in=width, d_out=width, head="squared")
+    eng = Engine(
+        comm,
+        spec,
+        random_batch(spec, 1),
+        "input",
+        "gpipe",
+        samples=K,
+        microbatches=1,
+        clock="wall",
+        layer_time=layer_time,
+        wait=policy,
+    )
+    point = eng.initial_point()
+    times = []
+    try:
+        for _ in range(repeats + 1):  # the first call warms up
+            comm.Barrier()
+            times.append(eng.evaluate(point, gamma=0.0).time)
+    finally:
+        eng.close()
+    return _agree_float(comm, float(np.median(times[1:])))
+
+
+def action_overhead(data: dict, policy: str, measured: float, width: int, K: int) -> float:
+    """o = (measured − model without it)/(2(K + P − 1)), ≥ 0: seconds per action (docs above)."""
+    from hpcpipe.machine.profile import dumps, parse
+    from hpcpipe.model.stages import ModelSpec
+    from hpcpipe.pipeline.schedules import build
+    from hpcpipe.pipeline.simulator import message_costs, simulate, stage_times
+
+    P = int(data["placement"]["ranks"])
+    prof = parse(dumps(data))
+    spec = ModelSpec("orthogonal", depth=P, d_in=width, d_out=width)
+    lt = float(data.get("emulated", {}).get("layer_time", 0.0))
+    costs = prof.cost_model(spec, 1, policy, lt)
+    tf, tb = stage_times(costs, P, P)
+    msg = message_costs(costs, [width] * (P - 1), [1] * K)
+    model = simulate(build("gpipe", P, K), tf, tb, msg).makespan
+    return max(0.0, (measured - model) / (2 * (K + P - 1)))
+
+
 # ---------------------------------------------------------------- the whole calibration
 @dataclass
 class Plan:
@@ -274,11 +333,54 @@ class Plan:
     budget: float = 1.0  # seconds per (policy, size) relay
     idle: float = 0.005  # seconds a rank waits before the wake-up message
     wake_repeats: int = 20
+    overhead_items: int = 4
+    overhead_repeats: int = 5
     command: str = ""
 
 
 def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (the hook tests replace to fake a busy machine)."""
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
+
+
+def busy_note(load_start: list[float], load_end: list[float], n_cores: int) -> str:
+    """'' on a quiet machine; else one line saying the costs were measured under load.
+
+    Busy: the 1-minute load average above the cores at the start or the end. Other
+    processes then share the cores, so the measured α, wake-up and layer times
+    include their time slices: predictions from the profile are those of a busy
+    machine. Calibration is not refused (the profile says so, in ``machine.busy``).
+    """
+    loads = [x[0] for x in (load_start, load_end) if x]
+    if not loads or max(loads) <= n_cores:
+        return ""
+    return (
+        f"calibrated under load {max(loads):.2f} on {n_cores} cores (busy machine): its "
+        "costs include other processes' time; calibrate again on a quiet machine"
+    )
+
+
+def identity(load_start: list[float], library: str, command: str, seconds: float) -> dict:
+    """The [machine] table: host, cores, MPI library, date, load at start and end, busy."""
+    from hpcpipe import __version__
+
+    n_cores = cores()
+    load_end = load_average()
+    note = busy_note(load_start, load_end, n_cores)
+    return {
+        "host": socket.gethostname(),
+        "architecture": platform.machine(),
+        "cores": n_cores,
+        "mpi_library": library,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_start": load_start,
+        "load_end": load_end,
+        "busy": bool(note),
+        **({"busy_note": note} if note else {}),
+        "hpcpipe": __version__,
+        "command": command,
+        "seconds": round(seconds, 3),
+    }
 
 
 def calibrate(comm, plan: Plan) -> dict | None:
@@ -286,9 +388,8 @@ def calibrate(comm, plan: Plan) -> dict | None:
 
     Needs at least 2 ranks (a message needs a receiver).
     """
-    from mpi4py import MPI
 
-    from hpcpipe import __version__
+    from hpcpipe.machine.profile import library_name
     from hpcpipe.pipeline.transport import Waiter
 
     if comm.size < 2:
@@ -323,22 +424,23 @@ def calibrate(comm, plan: Plan) -> dict | None:
 
     _idle_until_done(comm, sleeper, {0}, measure_compute)
     comm.Barrier()
+    width = plan.widths[0]
+    calls = {}
+    if "orthogonal" in plan.kinds:
+        for pol in plan.policies:
+            calls[pol] = engine_call(
+                comm, pol, plan.layer_time, width, plan.overhead_items, plan.overhead_repeats
+            )
     if comm.rank != 0:
         return None
-    machine = {
-        "host": socket.gethostname(),
-        "architecture": platform.machine(),
-        "cores": cores(),
-        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "load_start": load_start,
-        "load_end": load_average(),
-        "hpcpipe": __version__,
-        "command": plan.command,
-        "seconds": round(time.perf_counter() - t_start, 3),
-    }
+    machine = identity(
+        load_start,
+        library_name(),
+        plan.command,
+        time.perf_counter() - t_start,
+    )
     counts = {h: hosts.count(h) for h in hosts}
-    return {
+    data = {
         "machine": machine,
         "placement": {
             "ranks": comm.size,
@@ -349,3 +451,7 @@ def calibrate(comm, plan: Plan) -> dict | None:
         "layers": layers,
         "emulated": emulated,
     }
+    for pol, measured in calls.items():
+        o = action_overhead(data, pol, measured, width, plan.overhead_items)
+        messages[pol]["action_overhead"] = o
+    return data

@@ -23,11 +23,13 @@ and rows, an estimate otherwise (the profile's layer rows say what was measured)
 Schema (``SCHEMA = 1``)::
 
     schema = 1
-    [machine]    host, cores, mpi_library, date, load_start, load_end, hpcpipe,
+    [machine]    host, cores, mpi_library, date, load_start, load_end, busy
+                 (load above the cores during calibration), busy_note, hpcpipe,
                  command, seconds
     [placement]  ranks, hosts, ranks_per_host
     [message.<wait policy>]  alpha (s), beta (s/byte), residual, sizes (bytes),
-                 hop_seconds (measured medians), wakeup (s)
+                 hop_seconds (measured medians), wakeup (s), action_overhead (s per
+                 action, optional: 0 when absent)
     [[layers]]   kind, width, rows, forward (s), backward (s), spread
     [emulated]   layer_time (s, as set), sleep (s, measured duration), spread
 
@@ -65,6 +67,7 @@ class MessageCost:
     sizes: tuple[int, ...]
     hop_seconds: tuple[float, ...]
     wakeup: float
+    action_overhead: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,19 @@ class MachineProfile:
     @property
     def mpi_library(self) -> str:
         return str(self.machine.get("mpi_library", ""))
+
+    @property
+    def busy(self) -> bool:
+        """Calibrated on a busy machine (load above the cores: ``calibrate.busy_note``)."""
+        return self.machine.get("busy") is True
+
+    @property
+    def busy_note(self) -> str:
+        """One line for a run or a report that uses a profile calibrated under load."""
+        if not self.busy:
+            return ""
+        note = self.machine.get("busy_note")
+        return str(note) if isinstance(note, str) and note else "calibrated on a busy machine"
 
     # ------------------------------------------------------------ lookups
     def message(self, policy: str) -> MessageCost:
@@ -159,12 +175,16 @@ class MachineProfile:
                     f"has layer_time = {layer_time:g}; calibrate with --layer-time {layer_time:g}"
                 )
 
-    def cost_model(self, spec, rows: int, policy: str, layer_time: float = 0.0) -> CostModel:
+    def cost_model(
+        self, spec, rows: int, policy: str, layer_time: float = 0.0, stages: int = 0
+    ) -> CostModel:
         """Per-block (t_F, t_B) and the message α, β of ``policy`` for model ``spec``, seconds.
 
         Block b of dims n_b × n_{b+1}: t = t(kind, w)·(rows·n_b·n_{b+1})/(rows_cal·w²)
         with w the model's width (``width``, or d for a chain; it must have been
-        calibrated), plus the emulated action's measured duration.
+        calibrated), plus the emulated action's measured duration, plus the engine's
+        action overhead o of the policy spread over the blocks of a stage
+        (o·stages/depth per block; ``stages`` 0: one block per stage).
         """
         msg = self.message(policy)
         if getattr(spec, "kind", None) not in KINDS:
@@ -179,12 +199,23 @@ class MachineProfile:
         if layer_time > 0:
             self.check_run(self.ranks, policy, layer_time, "")
             extra = self.emulated.sleep  # type: ignore[union-attr]
+        extra += msg.action_overhead * (stages or spec.depth) / spec.depth
         tf, tb = [], []
         for b in range(spec.depth):
             scale = (rows * dims[b] * dims[b + 1]) / (cal.rows * w * w)
             tf.append(cal.forward * scale + extra)
             tb.append(cal.backward * scale + extra)
         return CostModel(tuple(tf), tuple(tb), msg.alpha, msg.beta)
+
+
+def library_name() -> str:
+    """The MPI library's identity as a profile records it: the first line of
+    ``MPI.Get_library_version()`` without NUL characters (Open MPI's string ends in one,
+    which TOML does not allow in a string)."""
+    from mpi4py import MPI
+
+    lines = MPI.Get_library_version().replace("\x00", "").splitlines() or [""]
+    return lines[0].strip()
 
 
 # ---------------------------------------------------------------- reading
@@ -235,6 +266,8 @@ def parse(text: str, path: str = "") -> MachineProfile:
     machine = _table(data, "machine", pre)
     if not isinstance(machine.get("mpi_library"), str) or not machine["mpi_library"]:
         raise ConfigError(f"{pre}machine.mpi_library: missing; write the MPI library's name")
+    if "busy" in machine and not isinstance(machine["busy"], bool):
+        raise ConfigError(f"{pre}machine.busy = {machine['busy']!r} is not allowed: true or false")
     place = _table(data, "placement", pre)
     ranks = _num(place, "ranks", pre + "placement.", integer=True, positive=True)
     hosts = place.get("hosts", [])
@@ -266,6 +299,7 @@ def parse(text: str, path: str = "") -> MachineProfile:
             sizes,
             hops,
             _num(m, "wakeup", where),
+            _num(m, "action_overhead", where) if "action_overhead" in m else 0.0,
         )
     layers = []
     raw = data.get("layers", [])
@@ -325,8 +359,10 @@ def _value(v) -> str:
         return str(v)
     if isinstance(v, float):
         return repr(v) if math.isfinite(v) else ("nan" if math.isnan(v) else "inf")
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, str):  # a TOML basic string: escape \, " and control characters
+        out = v.replace("\\", "\\\\").replace('"', '\\"')
+        out = "".join(f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in out)
+        return '"' + out + '"'
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_value(x) for x in v) + "]"
     raise TypeError(f"cannot write {v!r} to TOML")
@@ -348,6 +384,7 @@ MESSAGE_NOTES = {
     "sizes": "payload bytes measured",
     "hop_seconds": "measured median time per hop at each size",
     "wakeup": "s: one-way latency to a rank that has waited idle under this policy",
+    "action_overhead": "s per action the engine adds at this rank count (GPipe call fit)",
 }
 
 

@@ -544,9 +544,7 @@ def machine_policy(cfg: RunConfig, ranks: int) -> str:
 def check_machine(cfg: RunConfig, n_ranks: int | None) -> None:
     """The profile reads and fits the run: rank count, MPI library, wait policy, emulation;
     the τ-unit cost settings it replaces are left at their defaults."""
-    from mpi4py import MPI
-
-    from hpcpipe.machine.profile import read
+    from hpcpipe.machine.profile import library_name, read
 
     for name in PROFILE_REPLACES:
         default = FIELDS[name].default
@@ -561,5 +559,5 @@ def check_machine(cfg: RunConfig, n_ranks: int | None) -> None:
     if ranks is None:
         profile.check_run(profile.ranks, machine_policy(cfg, profile.ranks), cfg.layer_time, "")
         return
-    library = MPI.Get_library_version().splitlines()[0].strip()
+    library = library_name()
     profile.check_run(ranks, machine_policy(cfg, ranks), cfg.layer_time, library)

@@ -110,7 +110,8 @@ def cost_model(cfg: RunConfig, prob: Problem, n_ranks: int) -> CostModel:
     ranks = machine_ranks(cfg, n_ranks) or n_ranks
     rows = max(r1 - r0 for r0, r1 in microbatch_bounds(prob.batch.m, cfg.n_micro))
     profile = read(cfg.machine)
-    return profile.cost_model(prob.spec, rows, machine_policy(cfg, ranks), cfg.layer_time)
+    policy = machine_policy(cfg, ranks)
+    return profile.cost_model(prob.spec, rows, policy, cfg.layer_time, stages=ranks)
 
 
 def make_method(cfg: RunConfig, prob: Problem) -> tuple[Optimizer, int]:

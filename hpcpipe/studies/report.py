@@ -17,6 +17,7 @@ from hpcpipe.registry import names_from
 from hpcpipe.run import atomic
 from hpcpipe.studies import (
     depth,
+    depth_wall,
     dimension,
     lower,
     nonconvex,
@@ -27,7 +28,10 @@ from hpcpipe.studies import (
 )
 from hpcpipe.studies.common import StudyResult, load_records
 
-STUDIES = {m.NAME: m for m in (pipeline_time, depth, dimension, smooth, lower, nonconvex, paper)}
+STUDIES = {
+    m.NAME: m
+    for m in (pipeline_time, depth, depth_wall, dimension, smooth, lower, nonconvex, paper)
+}
 
 
 def _fmt(v) -> str:

@@ -81,11 +81,24 @@ def _pipeline_options(parser: argparse.ArgumentParser) -> None:
     _repeats(parser)
     parser.add_argument("--spin", action="store_true", help="spin instead of sleep")
     _wait(parser)
+    parser.add_argument(
+        "--machine",
+        default="",
+        help="machine profile (hpcpipe calibrate at these ranks and --layer-time): the model "
+        "charges its measured action and message costs, in seconds",
+    )
 
 
 def _pipeline(args: argparse.Namespace, comm) -> int:
-    from hpcpipe.bench.pipeline import bench_pipeline
+    from hpcpipe.bench.pipeline import bench_pipeline, read_machine
+    from hpcpipe.errors import ConfigError
 
+    try:
+        machine = read_machine(args.machine, comm.size, args.wait, args.layer_time, args.spin)
+    except ConfigError as e:  # every rank reads the same file: all return here
+        if comm.rank == 0:
+            print(f"hpcpipe: {e}", file=sys.stderr)
+        return 2
     return bench_pipeline(
         comm,
         int_list(args.depth),
@@ -95,6 +108,7 @@ def _pipeline(args: argparse.Namespace, comm) -> int:
         args.repeats,
         args.spin,
         args.wait,
+        machine,
     )
 
 

@@ -70,7 +70,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--np", type=_ranks, default=2, help="ranks of the launch: the run's rank count (>= 2)"
     )
-    parser.add_argument("--output", "-o", required=True, help="the profile to write (TOML)")
+    parser.add_argument("--output", "-o", default="", help="the profile to write (TOML)")
+    parser.add_argument(
+        "--sweep",
+        default="",
+        help="calibrate every profile the sweep file's points name (machine =), each at its "
+        "points' rank count, wait policy, width and layer_time; existing ones are kept",
+    )
     parser.add_argument(
         "--wait",
         type=_names(POLICIES),
@@ -142,6 +148,11 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
     if extra:
         print(f"hpcpipe calibrate: unrecognised arguments {' '.join(extra)}", file=sys.stderr)
         return 2
+    if args.sweep and not os.environ.get(INSIDE):
+        return for_sweep(args, argv)
+    if not args.output:
+        print("hpcpipe: --output: give the profile to write (or --sweep FILE)", file=sys.stderr)
+        return 2
     err = output_error(args.output, args.force)
     if err and not os.environ.get(INSIDE):
         print(f"hpcpipe: {err}", file=sys.stderr)
@@ -171,10 +182,57 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
         parse(text, args.output)  # what is written reads back (checked before writing)
         atomic.write_text(args.output, text)  # whole or not at all: a temporary file renamed
         print(summary(data))
+        if data["machine"].get("busy"):
+            print(f"warning: {data['machine']['busy_note']}", file=sys.stderr)
         print(f"wrote {args.output} ({data['machine']['seconds']:.1f} s of measurement)")
         return 0
 
     return under_mpi(body)
+
+
+def _passed_on(argv: list[str]) -> list[str]:
+    """The options of ``argv`` a profile of the sweep also gets (sizes, budget, kinds, rows)."""
+    out, keep = [], ("--sizes", "--budget", "--kinds", "--rows")
+    for i, w in enumerate(argv):
+        name = w.split("=", 1)[0]
+        if name in keep:
+            out += [w] if "=" in w else argv[i : i + 2]
+    return out
+
+
+def for_sweep(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--sweep FILE``: one ``hpcpipe calibrate`` launch per missing profile of the sweep."""
+    import subprocess
+
+    from hpcpipe.cli.launch import hpcpipe_args
+    from hpcpipe.errors import ConfigError
+    from hpcpipe.machine.sweep_profiles import needs
+
+    if args.output:
+        print("hpcpipe: --output: not with --sweep (the sweep names its profiles)", file=sys.stderr)
+        return 2
+    try:
+        todo = needs(args.sweep)
+    except ConfigError as e:
+        print(f"hpcpipe: {e}", file=sys.stderr)
+        return 2
+    extra = _passed_on(argv)
+    for need in todo:
+        if Path(need.path).exists() and not args.force:
+            print(f"kept {need.path} ({need.ranks} ranks; --force calibrates again)")
+            continue
+        Path(need.path).parent.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            *hpcpipe_args(),
+            *need.argv(extra),
+            *(["--force"] if args.force else []),
+        ]
+        print(f"calibrating {need.path} at {need.ranks} ranks", flush=True)
+        code = subprocess.call(cmd)
+        if code:
+            return code
+    return 0
 
 
 def summary(data: dict) -> str:
