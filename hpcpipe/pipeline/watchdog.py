@@ -10,7 +10,7 @@ end-of-run gathers are all covered by wrapping the communicator once.
 When a deadline passes, the rank does not know which peer is gone: a collective waits on
 all of them, and a neighbour may itself be waiting on the lost rank. It then takes a
 census on a private duplicate of the communicator: it sends one integer to every other
-rank and listens for up to ``census_window`` = T seconds. Every live rank whose own wait
+rank and listens for up to ``census_window`` = max(T, 1 s) seconds. Every live rank whose own wait
 has expired does the same, so the live ranks hear each other; a rank that is dead (its
 node lost), hung or stopped does not answer. The ranks not heard are the lost ones. The
 lowest live rank reports one line naming each lost rank and its host (``WatchdogTimeout``
@@ -37,6 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 CENSUS_TAG = 31_415
+CENSUS_FLOOR = 1.0  # seconds: the census listens at least this long, however short T is
 AUTO_FLOOR = 60.0  # seconds: the automatic timeout is never shorter
 AUTO_FACTOR = 50.0  # x the predicted iteration time, when that is longer
 
@@ -72,7 +73,7 @@ class Watchdog:
         if timeout <= 0:
             raise ValueError(f"the watchdog needs a timeout > 0 s, got {timeout}")
         self.timeout = float(timeout)
-        self.census_window = self.timeout
+        self.census_window = max(self.timeout, CENSUS_FLOOR)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.hosts: list[str] = comm.allgather(socket.gethostname())
         self.census_comm = comm.Dup()
