@@ -55,7 +55,16 @@ def lines(err: str) -> list[str]:
     return [ln for ln in err.splitlines() if ln.startswith("hpcpipe:")]
 
 
-OPS = ["barrier", "bcast", "allreduce", "allgather", "gather", "object-bcast", "object-gather"]
+OPS = [
+    "barrier",
+    "bcast",
+    "allreduce",
+    "allgather",
+    "gather",
+    "object-bcast",
+    "object-gather",
+    "sendrecv",
+]
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -1,7 +1,8 @@
 """Run under mpiexec by tests/test_watchdog.py: a dead or silent peer before a collective.
 
 ``python watchdog_peer.py OP RANK HOW TIMEOUT``: every rank runs a few rounds of the
-collective OP (barrier, bcast, allreduce, allgather, gather, object-bcast, object-gather)
+collective OP (barrier, bcast, allreduce, allgather, gather, object-bcast, object-gather,
+sendrecv: blocking Send / Recv)
 on a communicator bounded by the watchdog; at round 2, rank RANK stops before it, by
 HOW (``sleep``: sleeps for an hour; ``exit``: exits 3 without MPI_Finalize).
 Rank 0 prints ``round N`` after each completed round; all end in a barrier.
@@ -50,6 +51,13 @@ def body(world) -> int:
             got = comm.gather(("rank", comm.rank), root=0)
             if comm.rank == 0:
                 assert got == [("rank", r) for r in range(comm.size)]
+        elif OP == "sendrecv":  # rank 0 receives from every other rank in turn
+            if comm.rank == 0:
+                for r in range(1, comm.size):
+                    comm.Recv([buf, MPI.DOUBLE], source=r, tag=rnd)
+                    assert buf[0] == r + rnd
+            else:
+                comm.Send([buf, MPI.DOUBLE], dest=0, tag=rnd)
         else:
             raise SystemExit(f"unknown op {OP}")
         if comm.rank == 0:

@@ -142,8 +142,8 @@ class Watchdog:
 class WatchedComm:
     """A communicator whose blocking collectives are bounded by a Watchdog.
 
-    Every other attribute is the wrapped communicator's. The buffer-API collectives
-    become their nonblocking forms; the object forms (``bcast``, ``gather``,
+    Every other attribute is the wrapped communicator's. The buffer-API collectives and
+    the blocking ``Send`` / ``Recv`` become their nonblocking forms; the object forms (``bcast``, ``gather``,
     ``allgather``: small values off the hot path) send their pickles through the
     nonblocking buffer collectives, a length first.
     """
@@ -161,6 +161,16 @@ class WatchedComm:
 
     def _done(self, req, what: str) -> None:
         self.watchdog.complete(req, f"rank {self.watchdog.rank} waits in {what}")
+
+    def Send(self, buf, dest: int, tag: int = 0) -> None:
+        self._done(self._comm.Isend(buf, dest, tag), f"a send to rank {dest} on {self._host(dest)}")
+
+    def Recv(self, buf, source: int, tag: int = 0) -> None:
+        what = f"a receive from rank {source} on {self._host(source)}"
+        self._done(self._comm.Irecv(buf, source, tag), what)
+
+    def _host(self, rank: int) -> str:
+        return self.watchdog.hosts[rank]
 
     def Barrier(self) -> None:
         self._done(self._comm.Ibarrier(), "a barrier")
