@@ -10,15 +10,19 @@ end-of-run gathers are all covered by wrapping the communicator once.
 When a deadline passes, the rank does not know which peer is gone: a collective waits on
 all of them, and a neighbour may itself be waiting on the lost rank. It then takes a
 census on a private duplicate of the communicator: it sends one integer to every other
-rank and listens for up to ``census_window`` = max(T, 1 s) seconds. Every live rank whose own wait
-has expired does the same, so the live ranks hear each other; a rank that is dead (its
-node lost), hung or stopped does not answer. The ranks not heard are the lost ones. The
-lowest live rank reports one line naming each lost rank and its host (``WatchdogTimeout``
-with ``report`` set); the others stay silent and are ended by its ``MPI_Abort``.
+rank and listens for up to ``census_window`` = max(T, 1 s) seconds. Every live rank
+whose own wait has expired does the same, so the live ranks hear each other; a rank
+that is dead (its node lost), hung or stopped does not answer. The ranks not heard are
+the lost ones. The lowest live rank reports one line naming each lost rank and its
+host (``WatchdogTimeout`` with ``report`` set); the others stay silent and are ended by
+its ``MPI_Abort``.
 
 A live rank waits at most T before its census, and the last live rank to block does so
 at most one iteration after the loss, so the ranks it must hear answer within T of each
 other when T exceeds an iteration's time: the run ends within about 2 T of the loss.
+This is a timeout-based failure detector (Chandra and Toueg, "Unreliable failure
+detectors for reliable distributed systems", J. ACM 43(2), 1996): it may suspect a live
+rank that is silent for longer than T (a stall), and never misses a lost one.
 
 Default (``timeout`` = -1, "auto"): off, except in a Slurm job (``SLURM_JOB_ID`` set),
 where T = max(``AUTO_FLOOR``, ``AUTO_FACTOR`` x the predicted iteration time), so that a
@@ -89,8 +93,9 @@ class Watchdog:
             pause()
 
     def complete(self, req, what: str) -> None:
-        """Complete one nonblocking request within T s."""
-        self.wait(req.Test, what)
+        """Complete one nonblocking request within T s, yielding the core between tests
+        (ranks may outnumber cores; a collective's wait is off the per-action path)."""
+        self.wait(req.Test, what, os.sched_yield)
 
     def census(self) -> list[int]:
         """The ranks that do not answer within the census window (see the module text)."""
@@ -143,9 +148,9 @@ class WatchedComm:
     """A communicator whose blocking collectives are bounded by a Watchdog.
 
     Every other attribute is the wrapped communicator's. The buffer-API collectives and
-    the blocking ``Send`` / ``Recv`` become their nonblocking forms; the object forms (``bcast``, ``gather``,
-    ``allgather``: small values off the hot path) send their pickles through the
-    nonblocking buffer collectives, a length first.
+    the blocking ``Send`` / ``Recv`` become their nonblocking forms; the object forms
+    (``bcast``, ``gather``, ``allgather``: small values off the hot path) send their
+    pickles through the nonblocking buffer collectives, a length first.
     """
 
     def __init__(self, comm, watchdog: Watchdog):
