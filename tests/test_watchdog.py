@@ -130,6 +130,29 @@ def test_a_run_with_a_silent_rank_ends_with_one_line_and_resumes(tmp_path):
     assert done.status == "complete" and len(done.iterations["iteration"]) == 12
 
 
+def test_a_watched_run_gives_the_same_numbers(tmp_path):
+    """Every collective of a run through the watchdog (timeout 60) gives the iterates,
+    losses and model-clock times of the unwatched run (timeout 0), bitwise."""
+    import h5py
+    import numpy as np
+
+    base = ["-m", "hpcpipe", "run", "--problem", "l1-chain", "--depth", "3", "--dim", "8",
+            "--optimizer", "pprs", "--samples", "2", "--gamma", "0.05", "--iterations", "15",
+            "--flush-every", "4", "--clock", "model", "--progress", "off"]  # fmt: skip
+    got = {}
+    for t in ("0", "60"):
+        out = tmp_path / f"t{t}.h5"
+        rc, _, err, _ = launch(3, [*base, "--timeout", t, "--output", str(out)], BOUND)
+        assert rc == 0, err
+        r = load(out)
+        with h5py.File(out, "r") as f:
+            theta = f["state/optimizer/theta"][()]
+        got[t] = (theta, r.iterations["loss"], r.iterations["pipeline_time"])
+        assert float(r.config["timeout"]) == float(t)
+    for a, b in zip(got["0"], got["60"]):
+        assert np.array_equal(a, b)
+
+
 def test_the_automatic_timeout_is_on_under_slurm_only():
     assert effective_timeout(-1, 1.0, env={}) == 0.0
     assert effective_timeout(-1, 0.0, env={"SLURM_JOB_ID": "7"}) == AUTO_FLOOR
