@@ -448,7 +448,8 @@ def _flushed(path: Path) -> int:
 def test_node_loss_ends_the_job_and_a_resume_finishes_the_run(cluster, tmp_path):
     """n2 vanishes mid-job (link cut, then its slurmd and its ranks killed): hpcpipe's
     watchdog (timeout = 5) ends the job well within 60 s with one line naming the lost
-    ranks on n2, before Slurm's node failure; Slurm marks n2 down; the result file reads
+    ranks on n2, before Slurm sees the node gone (its line precedes any node-failure
+    line of the log, and comes before Slurm marks n2 down); the result file reads
     up to its last flush (incomplete); with n2 back, a resubmit (or the requeued job)
     resumes the point to the end, and its final iterate equals an uninterrupted run's."""
     need_cluster_slurm()
@@ -488,7 +489,11 @@ def test_node_loss_ends_the_job_and_a_resume_finishes_the_run(cluster, tmp_path)
         assert len(reports) == 1, log[-3000:]
         assert "lost rank 2 on n2, rank 3 on n2" in reports[0], reports[0]
         assert "Traceback" not in log
-        assert "NODE FAILURE" not in log and "Node failure" not in log, log[-3000:]
+        # hpcpipe's line comes first; srun's teardown of the step then waits on n2, and
+        # Slurm's node failure may still be written while it does
+        fail = [i for i, ln in enumerate(log.splitlines()) if re.search("node failure", ln, re.I)]
+        first = next(i for i, ln in enumerate(log.splitlines()) if "watchdog: lost" in ln)
+        assert all(first < i for i in fail), log[-3000:]
         while time.monotonic() - t0 < 120:  # Slurm sees the node gone, later
             sinfo = sh("exec", "ctl", "sinfo", "-h", "-n", "n2", "-o", "%T")
             if sinfo.stdout.strip().startswith("down"):
