@@ -16,6 +16,9 @@
 #                          run CMD under the MPI wheel's mpiexec from ctl, PPN ranks on each
 #                          of HOSTS (e.g. n1,n2), every rank talking TCP between nodes
 #   .ci/cluster.sh kill-node NODE | link-down NODE | link-up NODE | start-node NODE   faults
+#   .ci/cluster.sh lose-node NODE     the node vanishes as in a power loss: its link is cut
+#                          first (no FIN or RST reaches its peers), then every process on it
+#                          is killed; `link-up` and `start-node` bring it back
 #
 # Topology (nothing is created in the host's default network namespace):
 #   netns hpn-sw    a bridge hpn-br0 (the switch), the host ends hpn-v<i> of each node's veth
@@ -340,8 +343,14 @@ case ${1:-} in
     # shellcheck disable=SC2086
     [ -n "$pids" ] && kill -KILL $pids
     log "killed $(echo $pids | wc -w) processes on $2" ;;
+  lose-node) ns=$(ns_of "${2:-}") || die "lose-node NODE"
+    ip -n "${P}sw" link set "${P}v${ns#"$P"}" down
+    pids=$(ip netns pids "$ns")
+    # shellcheck disable=SC2086
+    [ -n "$pids" ] && kill -KILL $pids
+    log "lost $2: link cut, killed $(echo $pids | wc -w) processes" ;;
   link-down) ns=$(ns_of "${2:-}") || die "link-down NODE"; ip -n "${P}sw" link set "${P}v${ns#"$P"}" down ;;
   link-up) ns=$(ns_of "${2:-}") || die "link-up NODE"; ip -n "${P}sw" link set "${P}v${ns#"$P"}" up ;;
   start-node) [ $# -eq 2 ] || die "start-node NODE"; start_slurmd "$2" ;;
-  *) sed -n '2,21p' "$SELF"; exit 2 ;;
+  *) sed -n '2,24p' "$SELF"; exit 2 ;;
 esac

@@ -207,6 +207,16 @@ def relaunch(np_: int, argv: list[str]) -> int:
             signal.signal(sig, h)
 
 
+def _await_reporter(comm, grace: float = 30.0) -> None:
+    """A live rank after the watchdog's census: the lowest live rank closes the result
+    file, prints the line naming the lost ranks and aborts the job, which ends this rank
+    too; if that has not happened within ``grace`` seconds, this rank aborts silently."""
+    import time
+
+    time.sleep(grace)
+    os._exit(1) if comm.size == 1 else comm.Abort(1)
+
+
 def under_mpi(func: Callable[[Any], int]) -> int:
     """Run ``func(comm)`` on every rank of COMM_WORLD; an exception on any rank aborts the job.
 
@@ -234,6 +244,8 @@ def under_mpi(func: Callable[[Any], int]) -> int:
             return 2
         from hpcpipe.cli.failures import debug, describe
 
+        if type(e).__name__ == "WatchdogTimeout" and not getattr(e, "report", True):
+            _await_reporter(comm)  # the lowest live rank reports the lost ones, then aborts
         tb = traceback.format_exc() if debug() else ""
         sys.stderr.write(f"hpcpipe: rank {comm.rank} of {comm.size} failed: {describe(e)}\n{tb}")
         sys.stderr.flush()

@@ -47,6 +47,7 @@ from hpcpipe.model.stages import (
 from hpcpipe.pipeline import schedules
 from hpcpipe.pipeline.clocks import CostModel, ModelClock, NoClock, WallClock, align_wall_clocks
 from hpcpipe.pipeline.transport import BWD, FWD, Channel, Waiter, tag
+from hpcpipe.pipeline.watchdog import watched
 
 FORWARD = int(schedules.Kind.FORWARD)
 INPUT = int(schedules.Kind.INPUT)
@@ -104,6 +105,8 @@ class Engine:
             raise ValueError(f"variable {variable!r}: choose one of {', '.join(VARIABLES)}")
         if samples < 1:
             raise ValueError(f"samples (K) must be >= 1, got {samples}")
+        # with the watchdog, every wait on a peer is bounded, collectives too (watchdog.py)
+        comm = watched(comm, timeout)
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.spec, self.batch, self.variable = spec, batch, variable
@@ -142,9 +145,10 @@ class Engine:
             self.layer_time * share,
         )
         self.spin = spin
-        self.waiter = Waiter(wait, self.size, timeout=timeout)
+        dog = getattr(comm, "watchdog", None)
+        self.waiter = Waiter(wait, self.size, timeout=timeout, watchdog=dog)
         # with the watchdog, its report names the peer's host too (a lost node shows by name)
-        self.hosts: list[str] = comm.allgather(socket.gethostname()) if timeout > 0 else []
+        self.hosts: list[str] = dog.hosts if dog is not None else [socket.gethostname()]
         if costs is not None and len(costs.t_forward) != spec.depth:
             raise ValueError(
                 f"the cost model covers {len(costs.t_forward)} blocks, the model has "

@@ -20,6 +20,9 @@ from mpi4py import MPI
 
 from hpcpipe.pipeline.schedules import Kind, encode
 from hpcpipe.pipeline.wait import WAIT_POLICIES
+from hpcpipe.pipeline.watchdog import Watchdog, WatchdogTimeout
+
+__all__ = ["BWD", "FWD", "Channel", "Waiter", "WatchdogTimeout", "tag"]
 
 # a message travels with the kind of action that sends it: activations with
 # forwards, gradients with backwards
@@ -59,10 +62,6 @@ class Channel:
         self.requests = []
 
 
-class WatchdogTimeout(RuntimeError):
-    """A rank waited longer than the watchdog allows for a message."""
-
-
 class Waiter:
     """Completes a request under a wait policy, optionally with a watchdog.
 
@@ -74,11 +73,17 @@ class Waiter:
     M = 16: yield 2.46 ms, sleep 3.86 ms, busy 3.57 ms; at width 256 and 1024
     and on 8 ranks yield is as fast as sleep or faster. With
     ``timeout`` > 0 every wait polls (busy becomes a Test loop) and raises
-    WatchdogTimeout naming the message after ``timeout`` seconds.
+    WatchdogTimeout naming the message after ``timeout`` seconds; with a ``watchdog``
+    (``hpcpipe.pipeline.watchdog``) its deadline and census name the lost ranks.
     """
 
     def __init__(
-        self, policy: str = "auto", n_ranks: int = 1, interval: float = 50e-6, timeout: float = 0.0
+        self,
+        policy: str = "auto",
+        n_ranks: int = 1,
+        interval: float = 50e-6,
+        timeout: float = 0.0,
+        watchdog: Watchdog | None = None,
     ):
         if policy not in WAIT_POLICIES:
             raise ValueError(f"wait policy {policy!r}: choose one of {', '.join(WAIT_POLICIES)}")
@@ -87,6 +92,7 @@ class Waiter:
             cores = len(aff(0)) if aff else os.cpu_count()
             policy = "busy" if n_ranks <= (cores or 1) else "yield"
         self.policy, self.interval, self.timeout = policy, interval, float(timeout)
+        self.watchdog = watchdog
 
     def _pause(self) -> None:
         if self.policy == "sleep":
@@ -95,7 +101,9 @@ class Waiter:
             os.sched_yield()
 
     def wait(self, req, what: str = "waiting for a message") -> None:
-        if self.timeout > 0:
+        if self.watchdog is not None:
+            self.watchdog.wait(req.Test, what, self._pause)
+        elif self.timeout > 0:
             end = time.monotonic() + self.timeout
             while not req.Test():
                 if time.monotonic() > end:
@@ -110,7 +118,9 @@ class Waiter:
     def waitall(self, reqs, what: str = "waiting for sends to complete") -> None:
         if not reqs:
             return
-        if self.timeout > 0:
+        if self.watchdog is not None:
+            self.watchdog.wait(lambda: MPI.Request.Testall(reqs), what, self._pause)
+        elif self.timeout > 0:
             end = time.monotonic() + self.timeout
             while not MPI.Request.Testall(reqs):
                 if time.monotonic() > end:

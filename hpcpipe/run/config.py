@@ -135,7 +135,11 @@ class RunConfig:
     timeline_every: int = setting(10, "then record every N-th iteration", OUTPUT)
     progress: str = setting("auto", "progress display on rank 0", OUTPUT)
     timeout: float = setting(
-        0.0, "watchdog: abort when a rank waits this long (s) for a message (0: off)", PIPELINE
+        -1.0,
+        "watchdog: end the run, naming the lost ranks, when a rank waits this long (s) on "
+        "a peer (0: off; -1: auto, off outside Slurm, in a Slurm job max(60 s, 50 x the "
+        "predicted iteration time))",
+        PIPELINE,
     )
     inject_failure: str = setting(
         "",
@@ -395,10 +399,15 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
         "alpha_inter",
         "beta_inter",
         "radius",
-        "timeout",
     ):
         v = getattr(cfg, name)
         _need(math.isfinite(v) and v >= 0, name, v, "must be a finite number >= 0")
+    _need(
+        math.isfinite(cfg.timeout) and (cfg.timeout >= 0 or cfg.timeout == -1),
+        "timeout",
+        cfg.timeout,
+        "must be a number of seconds > 0, 0 (off) or -1 (auto)",
+    )
     _need(cfg.eval_every >= 0, "eval_every", cfg.eval_every, "must be >= 0 (0: never)")
     _need(cfg.stop_at_epsilon in (0, 1), "stop_at_epsilon", cfg.stop_at_epsilon, "0 or 1")
     if cfg.stop_at_epsilon:

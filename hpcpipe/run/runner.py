@@ -11,6 +11,7 @@ The parts: ``make_problem`` / ``make_method`` (from the registries),
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -469,6 +470,7 @@ def run(
             "set stop_at_epsilon = 0"
         )
     opt, T = make_method(cfg, prob)
+    cfg, comm = _watchdog(cfg, comm)
     with ExitStack() as stack:
         r = Run(cfg, comm, prob, opt, T, stack, label, on_iteration)
         if resume is not None:
@@ -476,6 +478,23 @@ def run(
         r.open_output(resume, resume_overrides)
         r.initial_gap()
         return r.finish(r.loop())
+
+
+def _watchdog(cfg: RunConfig, comm) -> tuple[RunConfig, object]:
+    """The run's timeout resolved (``watchdog.effective_timeout``; recorded as used) and
+    ``comm`` with every wait bounded by it (collective; ``comm`` itself when off).
+
+    The predicted iteration time of the automatic timeout is the emulated work done one
+    action at a time: 2 x depth x K x M x layer_time (0 without emulated layers)."""
+    from hpcpipe.pipeline.watchdog import effective_timeout, watched
+
+    predicted = 2 * cfg.depth * cfg.samples * cfg.n_micro * cfg.layer_time
+    timeout = effective_timeout(cfg.timeout, predicted)
+    if cfg.executor != "mpi":
+        timeout = 0.0  # one process: no peer to lose
+    if timeout != cfg.timeout:
+        cfg = dataclasses.replace(cfg, timeout=timeout)
+    return cfg, watched(comm, timeout)
 
 
 def derived_figures(
