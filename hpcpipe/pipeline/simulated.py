@@ -265,6 +265,7 @@ class SimulatedPipeline:
         stages: int = 0,
         weights: np.ndarray | None = None,
         fused: str = "auto",
+        numerics_depth: int = 0,
     ):
         if variable not in VARIABLES:
             raise ValueError(f"variable {variable!r}: choose one of {', '.join(VARIABLES)}")
@@ -320,9 +321,19 @@ class SimulatedPipeline:
         if fused == "on" and not self.fused:
             raise ValueError("fused = 'on' needs an input variable through an orthogonal chain")
         self._reflectors = None
+        # the blocks the numerics go through: all of them, or (the reduced route,
+        # pipeline/reduced.py) the first numerics_depth of a Householder chain
+        self.numerics_depth = numerics_depth or spec.depth
+        if self.numerics_depth != spec.depth and not (
+            direct and spec.kind == "householder" and 1 <= self.numerics_depth <= spec.depth
+        ):
+            raise ValueError(
+                f"numerics_depth = {numerics_depth} needs a built-in Householder chain "
+                f"evaluated fused (layers = 'householder', input variable) of depth >= it"
+            )
         if direct and spec.kind == "householder":
             self._q = None
-            self._reflectors = reflector_chain(spec.seed, spec.d_in, spec.depth)
+            self._reflectors = reflector_chain(spec.seed, spec.d_in, self.numerics_depth)
         elif direct:
             self._q = builtin_chain_matrix(spec)
         else:
@@ -368,14 +379,14 @@ class SimulatedPipeline:
         if self._q is not None:
             return x @ self._q, None
         if self._reflectors is not None:
-            return self._reflectors.forward(x, self.spec.depth), None
+            return self._reflectors.forward(x, self.numerics_depth), None
         return forward_layers(self.model.layers, x, params)
 
     def _backward(self, dz: np.ndarray, cache, params, gviews) -> np.ndarray:
         if self._q is not None:
             return dz @ self._q.T
         if self._reflectors is not None:
-            return self._reflectors.backward(dz, self.spec.depth)
+            return self._reflectors.backward(dz, self.numerics_depth)
         return backward_layers(self.model.layers, dz, cache, params, gviews)
 
     def _head(self, z: np.ndarray, k: int, item_losses: np.ndarray) -> np.ndarray:
