@@ -40,7 +40,7 @@ def _eps(opt="gd") -> float:
 
 
 @pytest.mark.parametrize("opt", ["gd", "agd"])
-@pytest.mark.parametrize("depth", [2, 8, 32])
+@pytest.mark.parametrize("depth", [4, 8, 32])
 def test_without_noise_reduced_equals_full_to_rounding(opt, depth):
     full = _run(opt, depth, "simulated")
     red = _run(opt, depth, "reduced")
@@ -73,7 +73,7 @@ def _rotated_noise(seed: int, d: int, depth: int, monkeypatch) -> None:
     monkeypatch.setattr(simulated.rng, "noise", noise)
 
 
-@pytest.mark.parametrize("depth", [2, 8, 32])
+@pytest.mark.parametrize("depth", [4, 8, 32])
 def test_pprs_with_the_noise_rotated_equals_the_full_run(depth, monkeypatch):
     full = _run("pprs", depth, "simulated")
     d = _values("pprs", depth, "simulated")["dim"]

@@ -56,6 +56,8 @@ from hpcpipe.pipeline.clocks import CostModel
 from hpcpipe.pipeline.engine import OracleResult
 from hpcpipe.pipeline.simulator import SimResult, message_costs, simulate, stage_times
 
+_VALIDATED: set[tuple[str, int, int]] = set()  # (name, ranks, items) of built-ins validated
+
 # schedules with more actions than this are timed without per-action records
 RECORD_LIMIT = 200_000
 
@@ -278,7 +280,10 @@ class SimulatedPipeline:
         self.samples, self.microbatches = samples, microbatches
         self.n_items = samples * microbatches
         self.rows = microbatch_bounds(batch.m, microbatches)
+        # a built-in schedule built from its name is the same every time: validated once
+        key = None
         if isinstance(schedule, str):
+            key = (schedule, P, self.n_items) if ":" not in schedule else None
             schedule = schedules.build(schedule, P, self.n_items)
         if schedule.n_ranks != P or schedule.n_items != self.n_items:
             raise schedules.ScheduleError(
@@ -294,7 +299,10 @@ class SimulatedPipeline:
         self.model = None if direct else Stage(spec, 0, spec.depth, 0, 1)
         if weights is not None and self.model is not None:
             self.model.flat[:] = weights
-        schedule.validate()
+        if key is None or key not in _VALIDATED:
+            schedule.validate()
+            if key is not None:
+                _VALIDATED.add(key)
         self.schedule = schedule
         costs = costs or CostModel.uniform(spec.depth, 0.0)
         if len(costs.t_forward) != spec.depth:
