@@ -38,19 +38,30 @@ class Step:
     sweep: str = ""
     module: str = ""
     beside: bool = False
+    args: tuple[str, ...] = ()  # further arguments of a driver module
+    folder: str = ""  # the results folder under --out (default: the driver's study name)
 
     def argv(self, out: Path) -> list[str]:
         if self.sweep:
             name = self.sweep
             return ["hpcpipe", "sweep", str(SWEEPS / f"{name}.toml"), "--out", str(out / name)]
-        name = self.module.rsplit(".", 1)[-1].removesuffix("_runs")
-        return [sys.executable, "-m", self.module, "--out", str(out / name)]
+        name = self.folder or self.module.rsplit(".", 1)[-1].removesuffix("_runs")
+        return [sys.executable, "-m", self.module, "--out", str(out / name), *self.args]
+
+
+# the depth study's asymptotic regime: x = RL/eps = 128 and 256 (d = 1024, 4096) on
+# Householder layers, deep points on the reduced route (hpcpipe.pipeline.reduced)
+DEPTH_ASYMPTOTIC = Step(
+    module="hpcpipe.studies.depth_runs",
+    folder="depth-asymptotic",
+    args=("--xs", "128,256", "--depths", "2,64,512,4096", "--spot-depths", "2"),
+)
 
 
 # The report's studies (hpcpipe.studies.report.STUDIES) and the steps that make their results.
 STUDIES: dict[str, list[Step]] = {
     "pipeline-time": [Step(sweep="pipeline-time")],
-    "depth": [Step(module="hpcpipe.studies.depth_runs")],
+    "depth": [Step(module="hpcpipe.studies.depth_runs"), DEPTH_ASYMPTOTIC],
     "dimension": [Step(module="hpcpipe.studies.dimension_runs")],
     "smooth": [Step(sweep="smooth"), Step(sweep="smooth-worstcase")],
     "lower": [Step(sweep="lower"), Step(sweep="lower-mpi")],
