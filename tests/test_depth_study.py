@@ -219,3 +219,49 @@ def test_figure_series_styles_are_distinct_beyond_eight_series():
 
     styles = [(s["color"], s["marker"], s["markerfacecolor"]) for s in map(series_style, range(60))]
     assert len(set(styles)) == 60
+
+
+def test_new_x_uses_householder_layers_and_the_reduced_route():
+    plan = DepthPlan(xs=(64.0, 128.0), depths=(2, 4, 64, 4096), tuned=False)
+    from hpcpipe.studies.depth_runs import groups_of, layers_for, theory_points
+
+    assert layers_for(plan, 64.0) == "dense" and layers_for(plan, 128.0) == "householder"
+    ex = {lb: v["executor"] for lb, v in theory_points(plan)}
+    assert ex["theory-pprs-x64-D4096"] == "simulated"  # dense: full runs (the shipped grid)
+    assert ex["theory-pprs-x128-D2"] == "reduced"  # Δ₀ itself: bitwise the full run
+    assert ex["theory-pprs-x128-D4"] == "simulated"  # spot-check depths stay full
+    assert ex["theory-pprs-x128-D4096"] == "reduced"
+    items = [(lb, v, lb) for lb, v in theory_points(plan)]
+    groups = [g for g in groups_of(items) if g[0][1]["executor"] == "reduced"]
+    assert len(groups) == 3  # one per method at x = 128: depths 2, 64, 4096 together
+    assert all([int(t[1]["depth"]) for t in g] == [2, 64, 4096] for g in groups)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "fault,row",
+    [
+        ("k1", "pays the depth once per iteration: iteration time"),
+        ("gamma30", "smooths within the plan's bias budget"),
+        ("no-momentum", "final iterate within eps"),
+        ("step4", "runs inside its theorem"),
+        ("depth-per-sample", "pays the depth once per iteration: iteration time"),
+    ],
+)
+def test_planted_fault_fails_its_row_at_x128(tmp_path, fault, row):
+    """The planted faults at x = 128 (d = 1024, Householder layers, depths 2 and 4096 on the
+    reduced route) still fail their rows."""
+    out = tmp_path / fault
+    plan = DepthPlan(
+        out=str(out),
+        xs=(128.0,),
+        depths=(2, 4096),
+        methods=("pprs",),
+        fault=fault,
+        tuned=False,
+        spot_depths=(),
+        workers=1,
+    )
+    run_study(plan, log=lambda *a: None)
+    rows = {v.claim: v for v in depth.study(load_records(out), tmp_path).verdicts}
+    assert _find(rows, row).ok is False
