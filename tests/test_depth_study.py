@@ -134,8 +134,9 @@ def test_tuned_runs_and_the_spot_sweep(tmp_path):
     # two factors: every best is at an edge, so no tuned row is known to be at its best
     tuning = _find(rows, "tuned step lies inside its tuning grid")
     assert tuning.ok is False and tuning.kind == "design" and "0/4" in tuning.measured
-    sweep = load_sweep(str(spot_sweep(dataclasses.replace(plan, spot_depths=(2, 4)))))
-    assert len(sweep.points) == 2 * 2 * 2
+    spots = dataclasses.replace(plan, spot_depths=(2, 4, 8), depths=(2, 4))
+    sweep = load_sweep(str(spot_sweep(spots)))
+    assert len(sweep.points) == 2 * 2 * 2  # depth 8 has no simulated partner: not run
     for pt in sweep.points:
         cfg = pt.config()
         x = {6: 10, 9: 12}[cfg.dim]

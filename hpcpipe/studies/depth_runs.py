@@ -397,12 +397,18 @@ def tuned_points(plan: DepthPlan, best: dict) -> list[tuple[str, dict]]:
     return pts
 
 
+def spot_depths(plan: DepthPlan) -> list[int]:
+    """The spot-check depths that have a simulated partner in the grid (the others would
+    compare with nothing)."""
+    return [D for D in plan.spot_depths if D in plan.depths]
+
+
 def spot_sweep(plan: DepthPlan) -> Path:
     """The MPI spot checks as a sweep file (executor = mpi, Δ ranks, model clock)."""
     out = Path(plan.out)
     cases = []
     for x, opt, _, prac in _settings(plan):
-        for depth in plan.spot_depths:
+        for depth in spot_depths(plan):
             v = {**prac, "depth": depth, "tag": f"{TAG}/spot", "executor": "mpi"}
             v.update(wait="sleep", iterations=plan.spot_iterations)
             if plan.fault and opt == "pprs":
@@ -446,9 +452,9 @@ def run_study(plan: DepthPlan, log=print) -> dict:
     t1 = time.perf_counter()
     _run_all(items, plan.workers, log)
     clock["simulated"] = time.perf_counter() - t1
-    if plan.spot_depths:
+    if spot_depths(plan):
         t2 = time.perf_counter()
-        mpi_sweep(spot_sweep(plan), max(plan.spot_depths), log)
+        mpi_sweep(spot_sweep(plan), max(spot_depths(plan)), log)
         clock["mpi"] = time.perf_counter() - t2
     return save_timings(out, clock, t0, log)
 
