@@ -266,3 +266,12 @@ def test_planted_fault_fails_its_row_at_x128(tmp_path, fault, row):
     run_study(plan, log=lambda *a: None)
     rows = {v.claim: v for v in depth.study(load_records(out), tmp_path).verdicts}
     assert _find(rows, row).ok is False
+
+
+def test_theory_crossover_row_is_enforced_where_the_counts_predict_it():
+    """Counts predicting a GD/PPRS ratio > 1 at the largest depth and a measurement that
+    shows none: the row fails (an enforced row); no crossover predicted: not judged."""
+    row = depth._predicted_crossover(128.0, 4096, 1.4, 0.9, [], [])
+    assert row.ok is False and row.kind == "bound" and row.word == "VIOLATED"
+    assert depth._predicted_crossover(128.0, 4096, 1.4, 1.3, [], []).ok is True
+    assert depth._predicted_crossover(16.0, 2048, 0.3, 0.27, [], []).ok is None
