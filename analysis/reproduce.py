@@ -40,6 +40,8 @@ class Step:
     module: str = ""
     beside: bool = False
     calibrate: str = ""
+    args: tuple[str, ...] = ()  # further arguments of a driver module
+    folder: str = ""  # the results folder under --out (default: the driver's study name)
 
     def argv(self, out: Path) -> list[str]:
         if self.calibrate:
@@ -47,14 +49,23 @@ class Step:
         if self.sweep:
             name = self.sweep
             return ["hpcpipe", "sweep", str(SWEEPS / f"{name}.toml"), "--out", str(out / name)]
-        name = self.module.rsplit(".", 1)[-1].removesuffix("_runs")
-        return [sys.executable, "-m", self.module, "--out", str(out / name)]
+        name = self.folder or self.module.rsplit(".", 1)[-1].removesuffix("_runs")
+        return [sys.executable, "-m", self.module, "--out", str(out / name), *self.args]
+
+
+# the depth study's asymptotic regime: x = RL/eps = 128 and 256 (d = 1024, 4096) on
+# Householder layers, deep points on the reduced route (hpcpipe.pipeline.reduced)
+DEPTH_ASYMPTOTIC = Step(
+    module="hpcpipe.studies.depth_runs",
+    folder="depth-asymptotic",
+    args=("--xs", "128,256", "--depths", "2,64,512,4096", "--spot-depths", "2"),
+)
 
 
 # The report's studies (hpcpipe.studies.report.STUDIES) and the steps that make their results.
 STUDIES: dict[str, list[Step]] = {
     "pipeline-time": [Step(sweep="pipeline-time")],
-    "depth": [Step(module="hpcpipe.studies.depth_runs")],
+    "depth": [Step(module="hpcpipe.studies.depth_runs"), DEPTH_ASYMPTOTIC],
     # one profile per depth (a profile holds one rank count), at the paths the sweep names
     "depth-wall": [Step(calibrate="depth-wall"), Step(sweep="depth-wall")],
     "dimension": [Step(module="hpcpipe.studies.dimension_runs")],

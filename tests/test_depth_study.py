@@ -134,8 +134,9 @@ def test_tuned_runs_and_the_spot_sweep(tmp_path):
     # two factors: every best is at an edge, so no tuned row is known to be at its best
     tuning = _find(rows, "tuned step lies inside its tuning grid")
     assert tuning.ok is False and tuning.kind == "design" and "0/4" in tuning.measured
-    sweep = load_sweep(str(spot_sweep(dataclasses.replace(plan, spot_depths=(2, 4)))))
-    assert len(sweep.points) == 2 * 2 * 2
+    spots = dataclasses.replace(plan, spot_depths=(2, 4, 8), depths=(2, 4))
+    sweep = load_sweep(str(spot_sweep(spots)))
+    assert len(sweep.points) == 2 * 2 * 2  # depth 8 has no simulated partner: not run
     for pt in sweep.points:
         cfg = pt.config()
         x = {6: 10, 9: 12}[cfg.dim]
@@ -219,3 +220,58 @@ def test_figure_series_styles_are_distinct_beyond_eight_series():
 
     styles = [(s["color"], s["marker"], s["markerfacecolor"]) for s in map(series_style, range(60))]
     assert len(set(styles)) == 60
+
+
+def test_new_x_uses_householder_layers_and_the_reduced_route():
+    plan = DepthPlan(xs=(64.0, 128.0), depths=(2, 4, 64, 4096), tuned=False)
+    from hpcpipe.studies.depth_runs import groups_of, layers_for, theory_points
+
+    assert layers_for(plan, 64.0) == "dense" and layers_for(plan, 128.0) == "householder"
+    ex = {lb: v["executor"] for lb, v in theory_points(plan)}
+    assert ex["theory-pprs-x64-D4096"] == "simulated"  # dense: full runs (the shipped grid)
+    assert ex["theory-pprs-x128-D2"] == "reduced"  # Δ₀ itself: bitwise the full run
+    assert ex["theory-pprs-x128-D4"] == "simulated"  # spot-check depths stay full
+    assert ex["theory-pprs-x128-D4096"] == "reduced"
+    items = [(lb, v, lb) for lb, v in theory_points(plan)]
+    groups = [g for g in groups_of(items) if g[0][1]["executor"] == "reduced"]
+    assert len(groups) == 3  # one per method at x = 128: depths 2, 64, 4096 together
+    assert all([int(t[1]["depth"]) for t in g] == [2, 64, 4096] for g in groups)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "fault,row",
+    [
+        ("k1", "pays the depth once per iteration: iteration time"),
+        ("gamma30", "smooths within the plan's bias budget"),
+        ("no-momentum", "final iterate within eps"),
+        ("step4", "runs inside its theorem"),
+        ("depth-per-sample", "pays the depth once per iteration: iteration time"),
+    ],
+)
+def test_planted_fault_fails_its_row_at_x128(tmp_path, fault, row):
+    """The planted faults at x = 128 (d = 1024, Householder layers, depths 2 and 4096 on the
+    reduced route) still fail their rows."""
+    out = tmp_path / fault
+    plan = DepthPlan(
+        out=str(out),
+        xs=(128.0,),
+        depths=(2, 4096),
+        methods=("pprs",),
+        fault=fault,
+        tuned=False,
+        spot_depths=(),
+        workers=1,
+    )
+    run_study(plan, log=lambda *a: None)
+    rows = {v.claim: v for v in depth.study(load_records(out), tmp_path).verdicts}
+    assert _find(rows, row).ok is False
+
+
+def test_theory_crossover_row_is_enforced_where_the_counts_predict_it():
+    """Counts predicting a GD/PPRS ratio > 1 at the largest depth and a measurement that
+    shows none: the row fails (an enforced row); no crossover predicted: not judged."""
+    row = depth._predicted_crossover(128.0, 4096, 1.4, 0.9, [], [])
+    assert row.ok is False and row.kind == "bound" and row.word == "VIOLATED"
+    assert depth._predicted_crossover(128.0, 4096, 1.4, 1.3, [], []).ok is True
+    assert depth._predicted_crossover(16.0, 2048, 0.3, 0.27, [], []).ok is None

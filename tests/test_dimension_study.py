@@ -72,3 +72,32 @@ def test_planted_fault_fails_its_row(tmp_path, fault, claim):
     rows = _rows(tmp_path, fault)
     assert rows[claim].ok is False, rows[claim]
     assert rows[claim].word in ("VIOLATED", "INCONSISTENT")
+
+
+def test_finite_d_fit_recovers_an_offset_and_its_local_exponent():
+    """n = a d^(1/4) + b with b < 0: the fit finds a and b inside their intervals, the local
+    exponent exceeds 1/4 at small d and nears it at large d, and a straight log-log line over
+    the whole range is steeper than over its top half."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    d = np.repeat(2.0 ** np.arange(4, 17), 3)
+    n = 40.0 * d**0.25 - 30.0 + rng.normal(0, 1.0, d.size)
+    f = dimension.finite_d_fit(list(zip(d, n)))
+    assert f["a_lo"] < 40.0 < f["a_hi"] and f["b_lo"] < -30.0 < f["b_hi"]
+    assert f["b_hi"] < 0  # the offset is resolved
+    assert dimension.local_exponent(f, 16) > 0.3 > dimension.local_exponent(f, 65536) > 0.25
+    whole = dimension._fit(list(zip(d, n)))
+    top = dimension._fit(list(zip(d, n)), dimension.TOP)
+    assert whole[0] > top[0] > 0.25 and top[3] == 3 * 9  # d = 2^8 … 2^16, three each
+    # without an offset the two ranges agree on 1/4
+    flat = dimension._fit(list(zip(d, 40.0 * d**0.25)), dimension.TOP)
+    assert abs(flat[0] - 0.25) < 1e-12
+
+
+def test_default_grid_reaches_2_16_with_o_d_layers():
+    plan = DimensionPlan()
+    assert len(plan.dims) >= 12 and max(plan.dims) == 2**16 and len(plan.seeds) >= 3
+    assert plan.layers == "householder"
+    text = sweep_text(plan)
+    assert '"layers": "householder"' in text or 'layers = "householder"' in text

@@ -194,7 +194,8 @@ def _driver(module: str, args: list[str], limit: str, tmp_path):
 
 def test_study_drivers_refuse_a_too_large_study_in_one_line(tmp_path):
     """Before any work: exit 2, one line naming the memory and the fix, nothing written."""
-    p = _driver("depth_runs", ["--xs", "128", "--depths", "2,4096"], "300M", tmp_path)
+    args = ["--xs", "128", "--depths", "2,4096", "--layers", "dense"]  # auto: householder
+    p = _driver("depth_runs", args, "300M", tmp_path)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
     assert "depth = 4096, dim = 1024: 2 workers need about" in lines[0]

@@ -9,7 +9,11 @@ is split over), ``close()``.
   truth; wall or model clock);
 * ``simulated``: ``simulated.SimulatedPipeline``, S stages in one process,
   each call timed by the schedule simulator on the model clock (equal to the
-  MPI model clock bitwise; reaches Δ in the thousands).
+  MPI model clock bitwise; reaches Δ in the thousands);
+* ``reduced``: the simulated pipeline of a Householder chain, timed on its
+  Δ stages, computed on its first block (``reduced.py``: equal to
+  ``simulated`` up to rounding without smoothing noise, in distribution
+  with it).
 
 A factory is called as ``factory(comm, spec, batch, *, variable, schedule,
 samples, microbatches, seed, clock, costs, wait, timeout, weights,
@@ -67,4 +71,14 @@ EXECUTORS: Registry[Callable] = Registry("executor")
 EXECUTORS.register("mpi", mpi_engine)
 EXECUTORS.register("simulated", simulated_pipeline)
 
-__all__ = ["EXECUTORS", "Executor", "mpi_engine", "simulated_pipeline"]
+
+def reduced_pipeline(comm, spec, batch, **kw):
+    """The reduced route (``reduced.py``)."""
+    from hpcpipe.pipeline.reduced import reduced_pipeline as make
+
+    return make(comm, spec, batch, **kw)
+
+
+EXECUTORS.register("reduced", reduced_pipeline)
+
+__all__ = ["EXECUTORS", "Executor", "mpi_engine", "reduced_pipeline", "simulated_pipeline"]

@@ -56,6 +56,8 @@ from hpcpipe.pipeline.clocks import CostModel
 from hpcpipe.pipeline.engine import OracleResult
 from hpcpipe.pipeline.simulator import SimResult, message_costs, simulate, stage_times
 
+_VALIDATED: set[tuple[str, int, int]] = set()  # (name, ranks, items) of built-ins validated
+
 # schedules with more actions than this are timed without per-action records
 RECORD_LIMIT = 200_000
 
@@ -265,6 +267,7 @@ class SimulatedPipeline:
         stages: int = 0,
         weights: np.ndarray | None = None,
         fused: str = "auto",
+        numerics_depth: int = 0,
     ):
         if variable not in VARIABLES:
             raise ValueError(f"variable {variable!r}: choose one of {', '.join(VARIABLES)}")
@@ -277,7 +280,10 @@ class SimulatedPipeline:
         self.samples, self.microbatches = samples, microbatches
         self.n_items = samples * microbatches
         self.rows = microbatch_bounds(batch.m, microbatches)
+        # a built-in schedule built from its name is the same every time: validated once
+        key = None
         if isinstance(schedule, str):
+            key = (schedule, P, self.n_items) if ":" not in schedule else None
             schedule = schedules.build(schedule, P, self.n_items)
         if schedule.n_ranks != P or schedule.n_items != self.n_items:
             raise schedules.ScheduleError(
@@ -293,7 +299,10 @@ class SimulatedPipeline:
         self.model = None if direct else Stage(spec, 0, spec.depth, 0, 1)
         if weights is not None and self.model is not None:
             self.model.flat[:] = weights
-        schedule.validate()
+        if key is None or key not in _VALIDATED:
+            schedule.validate()
+            if key is not None:
+                _VALIDATED.add(key)
         self.schedule = schedule
         costs = costs or CostModel.uniform(spec.depth, 0.0)
         if len(costs.t_forward) != spec.depth:
@@ -320,9 +329,19 @@ class SimulatedPipeline:
         if fused == "on" and not self.fused:
             raise ValueError("fused = 'on' needs an input variable through an orthogonal chain")
         self._reflectors = None
+        # the blocks the numerics go through: all of them, or (the reduced route,
+        # pipeline/reduced.py) the first numerics_depth of a Householder chain
+        self.numerics_depth = numerics_depth or spec.depth
+        if self.numerics_depth != spec.depth and not (
+            direct and spec.kind == "householder" and 1 <= self.numerics_depth <= spec.depth
+        ):
+            raise ValueError(
+                f"numerics_depth = {numerics_depth} needs a built-in Householder chain "
+                f"evaluated fused (layers = 'householder', input variable) of depth >= it"
+            )
         if direct and spec.kind == "householder":
             self._q = None
-            self._reflectors = reflector_chain(spec.seed, spec.d_in, spec.depth)
+            self._reflectors = reflector_chain(spec.seed, spec.d_in, self.numerics_depth)
         elif direct:
             self._q = builtin_chain_matrix(spec)
         else:
@@ -368,14 +387,14 @@ class SimulatedPipeline:
         if self._q is not None:
             return x @ self._q, None
         if self._reflectors is not None:
-            return self._reflectors.forward(x, self.spec.depth), None
+            return self._reflectors.forward(x, self.numerics_depth), None
         return forward_layers(self.model.layers, x, params)
 
     def _backward(self, dz: np.ndarray, cache, params, gviews) -> np.ndarray:
         if self._q is not None:
             return dz @ self._q.T
         if self._reflectors is not None:
-            return self._reflectors.backward(dz, self.spec.depth)
+            return self._reflectors.backward(dz, self.numerics_depth)
         return backward_layers(self.model.layers, dz, cache, params, gviews)
 
     def _head(self, z: np.ndarray, k: int, item_losses: np.ndarray) -> np.ndarray:

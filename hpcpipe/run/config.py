@@ -518,6 +518,13 @@ def _check_executor(cfg: RunConfig, n_ranks: int | None) -> None:
         "launch it without --np/mpiexec and set its stage count with stages = S",
     )
     _need(
+        cfg.executor != "reduced" or cfg.layers == "householder",
+        "layers",
+        cfg.layers,
+        "executor = 'reduced' computes on the first block of a Householder chain: set "
+        "layers = 'householder' or executor = 'simulated'",
+    )
+    _need(
         cfg.clock == "model",
         "clock",
         cfg.clock,

@@ -70,7 +70,7 @@ def estimate(cfg, n_ranks: int | None = None) -> dict[str, tuple[int, str]]:
     householder = not mlp and cfg.layers == "householder"
     kind = ", layers = householder" if householder else ""
     # a built-in chain on the simulated executor is composed, not built layer by layer
-    fused = not mlp and ":" not in cfg.problem and cfg.executor == "simulated"
+    fused = not mlp and ":" not in cfg.problem and cfg.executor in ("simulated", "reduced")
     if fused and householder:
         layer_bytes = 8 * REFLECTORS * cfg.depth * (n + 64)
     elif fused:

@@ -67,6 +67,8 @@ from hpcpipe.problems.worstcase import hard_chain_length
 METHODS = ("gd", "agd", "pprs")
 FAULTS = ("k1", "gamma30", "no-momentum", "step4", "depth-per-sample")
 TAG = "depth"
+DENSE_UP_TO = 256  # layers = auto: dense layers up to this d (the shipped grid), householder above
+REDUCE_ABOVE = 8  # Householder points with depth above it run on the reduced route
 NO_TIMELINE = 10**9  # timeline_every above any T: the study keeps no per-action timeline
 FLUSH_EVERY = 500  # iterations between HDF5 flushes (at 10, the flushes took 70% of a GD run)
 
@@ -89,7 +91,8 @@ class DepthPlan:
     workers: int = 2
     fault: str = ""
     seed: int = 0
-    layers: str = "dense"  # the chain's orthogonal layers: dense or householder (O(d))
+    layers: str = "auto"  # the chain's layers: dense, householder (O(d)) or auto (by d)
+    reduce_above: int = REDUCE_ABOVE  # Householder points deeper than this: executor reduced
     extra: dict = field(default_factory=dict)  # further run settings for every point
 
 
@@ -103,10 +106,32 @@ def dim_for(plan: DepthPlan, x: float) -> int:
     return hard_chain_length(1.0 / x)
 
 
+def layers_for(plan: DepthPlan, x: float) -> str:
+    """The chain's layer type at x: ``plan.layers``, or for ``auto`` dense up to
+    d = DENSE_UP_TO (the shipped grid, x <= 64) and householder above (x = 128: d = 1024)."""
+    if plan.layers != "auto":
+        return plan.layers
+    return "dense" if dim_for(plan, x) <= DENSE_UP_TO else "householder"
+
+
+def executor_for(values: dict, plan: DepthPlan) -> str:
+    """``reduced`` for a Householder point deeper than ``plan.reduce_above`` (the reduced
+    route, ``pipeline.reduced``: timed at its depth, computed on the chain's first Δ₀ =
+    ``REDUCED_DEPTH`` blocks) and for the point at Δ₀ itself (where the reduced pipeline
+    computes exactly the full run, bitwise: its calls then serve the deeper points),
+    else ``simulated``."""
+    from hpcpipe.pipeline.reduced import REDUCED_DEPTH
+
+    if plan.reduce_above < 0 or values.get("layers") != "householder":
+        return "simulated"
+    depth = int(values["depth"])
+    return "reduced" if depth > plan.reduce_above or depth == REDUCED_DEPTH else "simulated"
+
+
 def _base(plan: DepthPlan, x: float) -> dict:
     return {
         "problem": plan.problem,
-        "layers": plan.layers,
+        "layers": layers_for(plan, x),
         "dim": dim_for(plan, x),
         "m": 1,
         "schedule": "gpipe",
@@ -192,6 +217,7 @@ def theory_points(plan: DepthPlan) -> list[tuple[str, dict]]:
                 v.update(plant({**prac, **v}, plan.fault))
             else:
                 v.update(optimizer=opt, mode="theory", epsilon=eps)
+            v["executor"] = executor_for(v, plan)
             pts.append((_label("theory", opt, x, depth), v))
     return pts
 
@@ -235,6 +261,7 @@ def all_points(plan: DepthPlan) -> list[dict]:
     for _, opt, _, prac in _settings(plan):
         for depth in plan.depths:
             v = {**prac, "depth": depth}
+            v["executor"] = executor_for(v, plan)
             pts.append(plant(v, plan.fault) if plan.fault and opt == "pprs" else v)
     return pts
 
@@ -247,6 +274,35 @@ def run_point(item: tuple[str, dict, str]) -> dict:
     label, values, path = item
     with threadpool_limits(1):
         return _run_point(label, values, Path(path))
+
+
+def run_group(group: list[tuple[str, dict, str]]) -> list[dict]:
+    """Run a group of points in this process, in order (``run_point`` each). The reduced
+    points of one (setting, method, x) form a group: their calls do not depend on the
+    depth, so the first computes them and the others are served from the kept answers
+    (``pipeline.reduced``)."""
+    from hpcpipe.pipeline.reduced import clear_memo
+
+    clear_memo()
+    try:
+        return [run_point(item) for item in group]
+    finally:
+        clear_memo()
+
+
+def groups_of(items: list[tuple[str, dict, str]]) -> list[list[tuple[str, dict, str]]]:
+    """One group per point, except the reduced points: one group per (tag, method, x, settings
+    but the depth)."""
+    out, reduced = [], {}
+    for item in items:
+        v = item[1]
+        if v.get("executor") != "reduced":
+            out.append([item])
+            continue
+        key = json.dumps({k: w for k, w in v.items() if k != "depth"}, sort_keys=True)
+        reduced.setdefault(key, []).append(item)
+    # shallowest first: the point at Δ₀ computes the calls the deeper ones reuse
+    return out + [sorted(g, key=lambda t: int(t[1]["depth"])) for g in reduced.values()]
 
 
 def _run_point(label: str, values: dict, p: Path) -> dict:
@@ -287,13 +343,13 @@ def _summary(label: str, it: dict, values: dict, seconds: float) -> dict:
 
 
 def _run_all(items: list[tuple[str, dict, str]], workers: int, log) -> list[dict]:
-    items = sorted(items, key=lambda t: -_cost(t[1]))  # longest first: better packing
+    groups = sorted(groups_of(items), key=lambda g: -_cost(g[0][1]))  # longest first
     if workers <= 1:
-        out = [run_point(t) for t in items]
+        out = [s for g in groups for s in run_group(g)]
     else:
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(workers) as pool:
-            out = list(pool.imap_unordered(run_point, items))
+            out = [s for got in pool.imap_unordered(run_group, groups) for s in got]
     for s in out:
         if s["seconds"]:
             log(f"  {s['label']}: {s['seconds']:.1f} s")
@@ -301,8 +357,10 @@ def _run_all(items: list[tuple[str, dict, str]], workers: int, log) -> list[dict
 
 
 def _cost(v: dict) -> float:
-    """A rough work estimate of a point (for ordering only)."""
-    return float(v.get("depth", 1)) * float(v.get("samples", 1) or 1)
+    """A rough work estimate of a point or a reduced group (for ordering only): the
+    numerics' depth times d^(3/2) (T·K grows like x^(3/2)·√x at d = x²/16)."""
+    depth = 2 if v.get("executor") == "reduced" else float(v.get("depth", 1))
+    return depth * float(v.get("dim", 1)) ** 1.5
 
 
 def tune(plan: DepthPlan, log) -> dict:
@@ -312,6 +370,7 @@ def tune(plan: DepthPlan, log) -> dict:
     for x, opt, _, prac in _settings(plan):
         for c in plan.factors:
             v = {**prac, "depth": plan.tune_depth, "lr": c * prac["lr"], "tag": f"{TAG}/tune"}
+            v["stop_at_epsilon"] = 1  # the score is the time to ε: nothing after it counts
             label = _label("tune", opt, x, plan.tune_depth, f"c{c:g}")
             items.append((label, v, str(out / "tune" / f"{label}.h5")))
     got = {s["label"]: s for s in _run_all(items, plan.workers, log)}
@@ -333,8 +392,15 @@ def tuned_points(plan: DepthPlan, best: dict) -> list[tuple[str, dict]]:
         lr = best[(opt, x)] * prac["lr"]
         for depth in plan.depths:
             v = {**prac, "depth": depth, "lr": lr, "tag": f"{TAG}/tuned"}
+            v["executor"] = executor_for(v, plan)
             pts.append((_label("tuned", opt, x, depth), v))
     return pts
+
+
+def spot_depths(plan: DepthPlan) -> list[int]:
+    """The spot-check depths that have a simulated partner in the grid (the others would
+    compare with nothing)."""
+    return [D for D in plan.spot_depths if D in plan.depths]
 
 
 def spot_sweep(plan: DepthPlan) -> Path:
@@ -342,7 +408,7 @@ def spot_sweep(plan: DepthPlan) -> Path:
     out = Path(plan.out)
     cases = []
     for x, opt, _, prac in _settings(plan):
-        for depth in plan.spot_depths:
+        for depth in spot_depths(plan):
             v = {**prac, "depth": depth, "tag": f"{TAG}/spot", "executor": "mpi"}
             v.update(wait="sleep", iterations=plan.spot_iterations)
             if plan.fault and opt == "pprs":
@@ -386,9 +452,9 @@ def run_study(plan: DepthPlan, log=print) -> dict:
     t1 = time.perf_counter()
     _run_all(items, plan.workers, log)
     clock["simulated"] = time.perf_counter() - t1
-    if plan.spot_depths:
+    if spot_depths(plan):
         t2 = time.perf_counter()
-        mpi_sweep(spot_sweep(plan), max(plan.spot_depths), log)
+        mpi_sweep(spot_sweep(plan), max(spot_depths(plan)), log)
         clock["mpi"] = time.perf_counter() - t2
     return save_timings(out, clock, t0, log)
 
@@ -435,13 +501,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--layers",
         default=d.layers,
-        choices=("dense", "householder"),
-        help="the chain's orthogonal layers: dense (d x d each) or householder (O(d) each)",
+        choices=("auto", "dense", "householder"),
+        help="the chain's orthogonal layers: dense (d x d each), householder (O(d) each) or "
+        f"auto (dense up to d = {DENSE_UP_TO}, householder above)",
+    )
+    p.add_argument(
+        "--reduce-above",
+        type=int,
+        default=d.reduce_above,
+        help="Householder points deeper than this run on the reduced route (timed at their "
+        "depth, computed on the chain's first block); -1: never",
     )
     a = p.parse_args(argv)
     bad = [x for x in a.depths + a.spot_depths if x < 1] + [x for x in a.xs if not x > 0]
-    if bad or a.dim < 0 or a.workers < 1 or a.spot_iterations < 1:
-        print(f"depth_runs: depths, workers must be >= 1, dim >= 0 and xs > 0 (got {bad})")
+    if bad or a.dim < 0 or a.workers < 1 or a.spot_iterations < 1 or a.reduce_above < -1:
+        print(
+            f"depth_runs: depths, workers must be >= 1, dim >= 0, reduce-above >= -1 and "
+            f"xs > 0 (got {bad or a.reduce_above})"
+        )
         return 2
     if a.dim == 0 and a.problem != "nesterov-chain":
         print(
@@ -464,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         tuned=not a.no_tuned,
         fault=a.fault,
         layers=a.layers,
+        reduce_above=a.reduce_above,
     )
     from hpcpipe.errors import ConfigError
 

@@ -1,4 +1,4 @@
-"""The dimension study's runs: PPRS on pinball-chain from d = 16 to 4096, γ tuned per d.
+"""The dimension study's runs: PPRS on pinball-chain from d = 16 to 65536, γ tuned per d.
 
 pinball-chain (``hpcpipe.problems.worstcase``, τ = 3/4, L = R = 1, f* = 0)
 is the instance whose Gaussian smoothing is biased: f(θ_γ*) − f* =
@@ -14,9 +14,10 @@ settings of ``SETTINGS``, all with the plan's T and K (``theory_plan``):
 * ``gamma30``: γ = 30·γ_plan at the plan's step (its bias floor, 1.69ε, is
   above ε).
 
-The two controls run at d <= ``controls_upto`` (1024): at d = 4096 every
-iteration reads the 4096² chain map several times, and their prediction
-does not depend on d (γ_plan·√d = ε/4 at every d).
+The two controls run at d <= ``controls_upto`` (1024): their prediction does
+not depend on d (γ_plan·√d = ε/4 at every d). The chain's layers are
+Householder blocks (``layers = householder``, O(d) each; ``--layers dense``
+for d × d blocks, which stop near d = 4096): the 13 dimensions 2⁴ … 2¹⁶.
 
 The points are a sweep (``sweep_text``; the shipped jobs/sweeps/dimension.toml
 is its text for the defaults), run here on ``workers`` processes (the points
@@ -70,7 +71,7 @@ class DimensionPlan:
     """The study's grid (defaults: the shipped study)."""
 
     out: str = "results/dimension"
-    dims: tuple[int, ...] = (16, 64, 256, 1024, 4096)
+    dims: tuple[int, ...] = tuple(2**e for e in range(4, 17))  # 16 … 65536: 13 dimensions
     eps: float = 0.1
     depth: int = 2
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -81,6 +82,7 @@ class DimensionPlan:
     workers: int = 2
     executor: str = "simulated"
     fault: str = ""
+    layers: str = "householder"  # the chain's layers: O(d) Householder blocks, or dense (d²)
 
 
 def planned(eps: float, L: float, R: float, d: int) -> dict:
@@ -104,6 +106,7 @@ def _base(plan: DimensionPlan) -> dict:
         "m": 1,
         "schedule": "gpipe",
         "executor": plan.executor,
+        "layers": plan.layers,
         "progress": "off",
         "timeline_limit": 0,
     }
@@ -222,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spot-iterations", type=int, default=d.spot_iterations)
     p.add_argument("--workers", type=int, default=d.workers)
     p.add_argument("--fault", default="", choices=("",) + FAULTS)
+    p.add_argument(
+        "--layers",
+        default=d.layers,
+        choices=("dense", "householder"),
+        help="the chain's orthogonal layers: householder (O(d) each) or dense (d x d each)",
+    )
     p.add_argument("--write-sweep", metavar="FILE", help="only write the sweep file")
     a = p.parse_args(argv)
     bad = [x for x in a.dims + a.spot_dims if x < 2]
@@ -238,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         spot_iterations=a.spot_iterations,
         workers=a.workers,
         fault=a.fault,
+        layers=a.layers,
     )
     if a.write_sweep:
         Path(a.write_sweep).write_text(sweep_text(plan))
