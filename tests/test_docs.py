@@ -265,3 +265,12 @@ def test_mkdocs_build_strict(tmp_path):
         assert (site / page / "index.html").is_file(), page
     html = (site / "reference" / "configuration" / "index.html").read_text()
     assert all(f.name in html for f in dataclasses.fields(RunConfig))
+
+
+def test_configuration_reference_states_the_defaults_that_follow_other_settings():
+    page = pages.configuration_page()
+    for name in ("samples", "gamma", "depth"):
+        f = next(f for f in dataclasses.fields(RunConfig) if f.name == name)
+        row = next(r for r in page.splitlines() if r.startswith(f"| `{name}` |"))
+        assert f.metadata["shown"] in row
+    assert "`samples = 10` and `gamma = 0.01`" in page

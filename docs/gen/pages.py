@@ -199,10 +199,12 @@ def configuration_page() -> str:
                 continue
             allowed = choices(f.name)
             values = ", ".join(code(c) for c in allowed) if allowed else ""
-            default = f.default if f.default != "" else '""'
+            default = code(f.default if f.default != "" else '""')
+            if "shown" in f.metadata:  # a default that follows other settings
+                default = cell(f.metadata["shown"])
             lines.append(
                 f"| `{f.name}` | `--{f.name.replace('_', '-')}` | {_type_name(f)} | "
-                f"{code(default)} | {values} | {cell(f.metadata['help'])} |"
+                f"{default} | {values} | {cell(f.metadata['help'])} |"
             )
         lines.append("")
     lines += _CONFIG_NOTES
@@ -210,6 +212,13 @@ def configuration_page() -> str:
 
 
 _CONFIG_NOTES = [
+    "## Defaults that follow other settings",
+    "",
+    '`optimizer = "pprs"` in practical mode takes `samples = 10` and `gamma = 0.01` '
+    "unless they are given (with `samples = 1` and `gamma = 0` PPRS's update is AGD's, bit "
+    "for bit); theory mode plans both from `epsilon`. `depth` is 4, or the rank count when "
+    "more ranks run on the mpi executor (`hpcpipe run --np 16` runs depth 16).",
+    "",
     "## Checks",
     "",
     "Every setting is checked before any rank starts, and a bad one stops with exit status "
