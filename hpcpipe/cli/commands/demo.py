@@ -10,7 +10,6 @@ from hpcpipe.cli.launch import inside_mpi, relaunch, strip_np, under_mpi
 
 NAME = "demo"
 HELP = "PPRS overtakes pipelined GD as the pipeline deepens (4 local ranks + simulated)"
-TAKES_EXTRA = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
