@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hpcpipe.cli.launch import mpiexec_command
-from hpcpipe.run.config import GROUPS, RunConfig
+from hpcpipe.run.config import GROUPS, RunConfig, shown_default
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -100,7 +100,7 @@ def settings_missing(page: str) -> list[str]:
             seen[cells[0].strip("`")] = (group, cells[3].strip("`"), cells[5])
     missing = []
     for f in dataclasses.fields(RunConfig):
-        default = str(f.default) if f.default != "" else '""'
+        default = pages.cell(shown_default(f))
         meaning = pages.cell(f.metadata["help"])
         if seen.get(f.name) != (f.metadata["group"], default, meaning):
             missing.append(f.name)
@@ -119,7 +119,11 @@ def test_a_setting_missing_or_stale_in_the_reference_is_found(generated):
     page = generated["reference/configuration.md"]
     without = "\n".join(line for line in page.splitlines() if not line.startswith("| `seed`"))
     assert settings_missing(without) == ["seed"]
-    stale = page.replace("| `depth` | `--depth` | integer | `4` |", "| `depth` | x | y | `5` |")
+    stale = page.replace("| `seed` | `--seed` | integer | `0` |", "| `seed` | x | y | `5` |")
+    assert settings_missing(stale) == ["seed"]
+    shown = "4, or the rank count when more ranks run (mpi executor)"
+    assert f"| `depth` | `--depth` | integer | {shown} |" in page
+    stale = page.replace(f"| {shown} |", "| `4` |")
     assert settings_missing(stale) == ["depth"]
 
 
