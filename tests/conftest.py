@@ -40,6 +40,7 @@ SLOW_TESTS = (
     "test_bad_config.py::test_random_command_lines_run_or_exit_2",
     "test_bad_config.py::test_random_toml_files_run_or_exit_2",
     "test_cli_refusals.py::test_sweep_np_above_the_file_ranks_says_so_in_one_line",
+    "test_progress.py::test_the_attack_classifier_training_shows_its_progress",
     "test_commands.py::test_top_level_help_imports_no_numerical_library",
     "test_docs.py::test_oracle_example_runs_on_4_ranks_and_frees_its_requests",
     "test_gradients.py::test_depth8_chain_gradient[mlp-weights]",
@@ -56,6 +57,8 @@ def pytest_collection_modifyitems(config, items):
 
     for item in items:
         path = item.nodeid.split("::", 1)[0]
+        if "/mpi/" in f"/{path}":  # the MPI tests: their core is chosen in tests/mpi/conftest.py
+            continue
         name = path.rsplit("/", 1)[-1]
         local = item.nodeid[len(path) - len(name) :]
         if name not in FAST_MODULES or local.startswith(SLOW_TESTS):
