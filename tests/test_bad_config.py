@@ -68,12 +68,13 @@ def test_command_line_refusals(argv, message, capsys):
 
 def test_memory_estimate_names_figure_and_limit(monkeypatch, capsys):
     monkeypatch.setenv(LIMIT_ENV, "1G")
-    rc, text = _validate(["--depth", "1000000"], capsys)  # grew memory for minutes
+    # K = 1 (PPRS's default K = 10 stashes 10 samples' activations: a larger figure)
+    rc, text = _validate(["--depth", "1000000", "--samples", "1"], capsys)  # grew for minutes
     assert rc == 2
     assert "depth = 1000000, dim = 16: the run needs about 5.34 GiB of memory" in text
     assert "more than the 1 GiB of HPCPIPE_MEMORY_LIMIT" in text
     monkeypatch.setenv(LIMIT_ENV, "64G")
-    assert _validate(["--depth", "1000000"], capsys)[0] == 0
+    assert _validate(["--depth", "1000000", "--samples", "1"], capsys)[0] == 0
     monkeypatch.setenv(LIMIT_ENV, "lots")
     rc, text = _validate([], capsys)
     assert rc == 2 and "HPCPIPE_MEMORY_LIMIT='lots'" in text

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hpcpipe.cli.launch import mpiexec_command
-from hpcpipe.run.config import GROUPS, RunConfig
+from hpcpipe.run.config import GROUPS, RunConfig, shown_default
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -100,7 +100,7 @@ def settings_missing(page: str) -> list[str]:
             seen[cells[0].strip("`")] = (group, cells[3].strip("`"), cells[5])
     missing = []
     for f in dataclasses.fields(RunConfig):
-        default = str(f.default) if f.default != "" else '""'
+        default = pages.cell(shown_default(f))
         meaning = pages.cell(f.metadata["help"])
         if seen.get(f.name) != (f.metadata["group"], default, meaning):
             missing.append(f.name)
@@ -119,7 +119,11 @@ def test_a_setting_missing_or_stale_in_the_reference_is_found(generated):
     page = generated["reference/configuration.md"]
     without = "\n".join(line for line in page.splitlines() if not line.startswith("| `seed`"))
     assert settings_missing(without) == ["seed"]
-    stale = page.replace("| `depth` | `--depth` | integer | `4` |", "| `depth` | x | y | `5` |")
+    stale = page.replace("| `seed` | `--seed` | integer | `0` |", "| `seed` | x | y | `5` |")
+    assert settings_missing(stale) == ["seed"]
+    shown = "4, or the rank count when more ranks run (mpi executor)"
+    assert f"| `depth` | `--depth` | integer | {shown} |" in page
+    stale = page.replace(f"| {shown} |", "| `4` |")
     assert settings_missing(stale) == ["depth"]
 
 
@@ -265,3 +269,12 @@ def test_mkdocs_build_strict(tmp_path):
         assert (site / page / "index.html").is_file(), page
     html = (site / "reference" / "configuration" / "index.html").read_text()
     assert all(f.name in html for f in dataclasses.fields(RunConfig))
+
+
+def test_configuration_reference_states_the_defaults_that_follow_other_settings():
+    page = pages.configuration_page()
+    for name in ("samples", "gamma", "depth"):
+        f = next(f for f in dataclasses.fields(RunConfig) if f.name == name)
+        row = next(r for r in page.splitlines() if r.startswith(f"| `{name}` |"))
+        assert f.metadata["shown"] in row
+    assert "`samples = 10` and `gamma = 0.01`" in page

@@ -9,7 +9,7 @@ import pytest
 from hpcpipe.cli.commands.run import DEFAULT_OUTPUT
 from hpcpipe.cli.commands.run import default_output as _default_output
 from hpcpipe.cli.main import build_parser, main
-from hpcpipe.run.config import GROUPS, RunConfig
+from hpcpipe.run.config import GROUPS, RunConfig, shown_default
 
 
 def subparser(name: str) -> argparse.ArgumentParser:
@@ -34,8 +34,7 @@ def test_help_lists_every_key_with_type_default_and_meaning(command, capsys):
         assert re.search(rf"{re.escape(option)}\b", text), option
         meaning = f.metadata["help"]
         assert meaning and " ".join(meaning.split()) in flat, f.name
-        default = f.default if f.default != "" else '""'
-        assert f"default {default})" in flat, f.name
+        assert f"default {shown_default(f)})" in flat, f.name
     for group in GROUPS:  # one block per group, in the configuration reference's order
         assert f"settings: {group}:" in text
     assert text.index("settings: problem:") < text.index("settings: output:")

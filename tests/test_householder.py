@@ -159,7 +159,7 @@ def test_result_records_the_layer_type(tmp_path):
 
 
 def test_memory_estimate_follows_the_layer_type(monkeypatch, capsys):
-    base = dict(problem="nesterov-chain", depth=4096, dim=1024)
+    base = dict(problem="nesterov-chain", depth=4096, dim=1024, samples=1)  # K = 1
     dense = estimate(make_config({**base, "executor": "simulated"}))["layers"][0]
     house = estimate(make_config({**base, "executor": "simulated", "layers": "householder"}))
     assert house["layers"][0] == 8 * 2 * 4096 * (1024 + 64)  # 68 MiB

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hpcpipe.cli.launch import mpiexec_command
 
 HERE = Path(__file__).parent
@@ -18,7 +20,16 @@ RANKS = 4
 TIMEOUT = 900
 
 
-def test_mpi_suite(tmp_path):
+# The core (every MPI test function once, at its largest rank count: tests/mpi/conftest.py)
+# runs in the fast lane; the other cases only in the full run. Together: every MPI test once.
+PARTS = [
+    pytest.param("not slow", 9, id="core"),
+    pytest.param("slow", 20, id="rest", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("selection, at_least", PARTS)
+def test_mpi_suite(tmp_path, selection, at_least):
     env = dict(
         os.environ,
         HPCPIPE_MPI_SUITE="1",
@@ -27,7 +38,9 @@ def test_mpi_suite(tmp_path):
         OPENBLAS_NUM_THREADS="1",
     )
     cmd = mpiexec_command(
-        RANKS, ["-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider", str(HERE / "mpi")]
+        RANKS,
+        ["-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider", "-m", selection]
+        + [str(HERE / "mpi")],
     )
     proc = subprocess.run(
         cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT, cwd=HERE.parent
@@ -39,6 +52,6 @@ def test_mpi_suite(tmp_path):
     counts = [json.loads(p.read_text()) for p in reports]
     for c in counts:
         assert c.get("failed", 0) == 0 and c.get("error", 0) == 0, log
-        assert c.get("passed", 0) >= 20, f"too few MPI tests ran: {c}\n{log}"
+        assert c.get("passed", 0) >= at_least, f"too few MPI tests ran: {c}\n{log}"
         assert c.get("skipped", 0) == 0, f"MPI tests were skipped: {c}\n{log}"
     print(f"MPI suite on {RANKS} ranks: {counts[0]}", file=sys.stderr)

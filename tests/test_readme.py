@@ -89,3 +89,48 @@ def test_links_lead_to_files_of_the_repository():
 def test_no_load_averages_or_run_history():
     text = README.read_text().lower()
     assert "load average" not in text and "load 0." not in text and "earlier run" not in text
+
+
+def _pages():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_gen_pages", ROOT / "docs/gen/pages.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_studies_table_is_the_generated_one_from_the_stored_report():
+    pages = _pages()
+    text = README.read_text()
+    inside = text.split(pages.README_START, 1)[1].split(pages.README_END, 1)[0]
+    assert inside.strip() == pages.readme_table().strip()
+    rows, _ = pages._report_sections((ROOT / "docs/records/report/report.md").read_text())
+    studies = {r.split("|")[1].strip() for r in rows}
+    assert studies  # the stored report has verdict rows
+    for line in pages.readme_table().splitlines()[4:]:  # a study in the report has its row
+        name = line.split("|")[1].strip()
+        assert ("not in the stored report" in line) == (name not in studies), line
+
+
+def test_studies_table_follows_a_new_report(tmp_path):
+    pages = _pages()
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "report.md").write_text(
+        "# report\n\n| study | claim | bound | measured | verdict | executor | sources |\n"
+        "| --- | --- | --- | --- | --- | --- | --- |\n"
+        "| depth | PPRS faster past a crossover | x | y | **not reproduced** | mpi | S1 |\n"
+        "| depth | time within bound | x | y | **within bound** | mpi | S1 |\n"
+    )
+    table = pages.readme_table(report)
+    row = next(r for r in table.splitlines() if r.startswith("| depth |"))
+    assert row == ("| depth | 2: 1 not reproduced, 1 within bound | PPRS faster past a crossover |")
+    assert "| smooth | not in the stored report | |" in table
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{pages.README_START}\nold table\n{pages.README_END}\nrest\n")
+    assert pages.write_readme(readme, report) is True
+    assert readme.read_text() == (
+        f"intro\n{pages.README_START}\n{table}\n{pages.README_END}\nrest\n"
+    )
+    assert pages.write_readme(readme, report) is False  # unchanged the second time

@@ -160,6 +160,16 @@ def inside_mpi() -> bool:
     return bool(os.environ.get(INSIDE))
 
 
+def launched_ranks() -> int | None:
+    """The rank count mpiexec announces to its processes (MPICH's ``PMI_SIZE``, Open MPI's
+    ``OMPI_COMM_WORLD_SIZE``), read before MPI starts; None outside mpiexec."""
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        v = os.environ.get(name, "")
+        if v.isdigit() and int(v) >= 1:
+            return int(v)
+    return None
+
+
 def strip_np(argv: list[str]) -> list[str]:
     """``argv`` without ``--np N`` / ``--np=N``: the relaunched ranks must not launch again."""
     out, skip = [], False

@@ -9,6 +9,7 @@ imports none of the numerical libraries.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -41,7 +42,28 @@ class CommandParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         self.ready()
+        if args is not None and self.command is not None:
+            self.refuse_unknown_options(list(args))
         return super().parse_known_args(args, namespace)
+
+    def refuse_unknown_options(self, args: list[str]) -> None:
+        """Exit 2 naming the first ``--option`` this command does not know, before argparse
+        can take the option's value for a positional argument (``demo --typo 1``); commands
+        that take extra words (settings) or have sub-commands check their own."""
+        if getattr(self.command, "TAKES_EXTRA", False) or self._subparsers is not None:
+            return
+        known = self._option_string_actions
+        for word in args:
+            if word == "--":
+                return
+            if not word.startswith("--"):
+                continue
+            name = word.split("=", 1)[0]
+            matches = [o for o in known if o.startswith(name)] if self.allow_abbrev else []
+            if name not in known and len(matches) != 1:
+                close = difflib.get_close_matches(name, [o for o in known if o[:2] == "--"], 1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                self.exit(2, f"{self.prog}: unknown option {name}{hint}; see {self.prog} --help\n")
 
     def format_help(self) -> str:
         self.ready()
@@ -125,7 +147,8 @@ def _main(argv: list[str] | None) -> int:
         os.environ["HPCPIPE_DEBUG"] = "1"
     module = {m.NAME: m for m in commands.modules()}[args.command]
     if extra and not getattr(module, "TAKES_EXTRA", False):
-        raise SystemExit(f"hpcpipe {args.command}: unrecognised arguments {' '.join(extra)}")
+        print(f"hpcpipe {args.command}: unrecognised arguments {' '.join(extra)}", file=sys.stderr)
+        return 2
     from hpcpipe.cli.failures import debug, describe
     from hpcpipe.errors import ConfigError, ResultsError
     from hpcpipe.optional import MissingExtra

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from hpcpipe.run.config import GROUPS, REGISTRIES, RunConfig, choices
+from hpcpipe.run.config import GROUPS, REGISTRIES, RunConfig, choices, shown_default
 
 TYPE_NAMES = {"int": "integer", "float": "number", "str": "string"}
 
@@ -33,7 +33,7 @@ def key_help(f: dataclasses.Field) -> str:
     options = choices(f.name)
     own = ", or package.module:attribute" if f.name in REGISTRIES else ""
     allowed = f"; one of: {', '.join(map(str, options))}{own}" if options else ""
-    default = f.default if f.default != "" else '""'
+    default = shown_default(f)
     return f"{meaning}{allowed} ({_type_name(f)}, default {default})"
 
 

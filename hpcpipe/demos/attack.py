@@ -33,11 +33,13 @@ METHODS = [
 ]
 
 
-def demo(comm, budget: float = 0.0) -> int:
+def demo(comm, budget: float = 0.0, progress: str = "auto") -> int:
+    """Run the three methods on ``comm`` in one pipeline budget; rank 0 prints the table.
+    ``progress`` shows the classifier's training on first use (``Waiting``)."""
     t0 = time.perf_counter()
     depth, m = BASE["depth"], BASE["m"]
     budget = budget or 40 * 2 * (10 * m + depth - 1)  # 40 PPRS iterations
-    prob = attack(comm, depth, BASE["width"], m, BASE["seed"], BASE["radius"])
+    prob = attack(comm, depth, BASE["width"], m, BASE["seed"], BASE["radius"], progress=progress)
     if comm.rank == 0:
         print(
             f"hpcpipe demo: l-inf attack (radius {BASE['radius']}) on {m} digits images, "

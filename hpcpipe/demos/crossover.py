@@ -230,10 +230,13 @@ def new_path(path: Path) -> Path:
     return p
 
 
-def demo(comm, figure_path: str | None = "hpcpipe-demo.png") -> int:
+def demo(comm, figure_path: str | None = "hpcpipe-demo.png", progress: str = "auto") -> int:
     """Run the demo on ``comm``: the MPI cells on all ranks, then the simulated cells spread
-    over the ranks; rank 0 prints the tables and draws the figure."""
+    over the ranks; rank 0 prints the tables and draws the figure, and shows the progress of
+    its share of the simulated cells (``Waiting``, mode ``progress``)."""
     from mpi4py import MPI
+
+    from hpcpipe.run.progress import Waiting
 
     t0 = time.perf_counter()
     rank, size = comm.rank, comm.size
@@ -249,11 +252,13 @@ def demo(comm, figure_path: str | None = "hpcpipe-demo.png") -> int:
         cells.append(run_cell(comm, m, size, "mpi"))
         say(f"  {NAMES[m]} on {size} MPI ranks: {time.perf_counter() - t0:.1f} s", flush=True)
     todo = [(m, d) for d in sorted({*DEPTHS, size}) for m in NAMES]
-    mine = [
-        run_cell(MPI.COMM_SELF, m, d, "simulated")
-        for i, (m, d) in enumerate(todo)
-        if i % size == rank
-    ]
+    share = [md for i, md in enumerate(todo) if i % size == rank]
+    shown = Waiting("  simulated runs (rank 0's share)", len(share), progress, rank == 0)
+    mine = []
+    for m, d in share:
+        mine.append(run_cell(MPI.COMM_SELF, m, d, "simulated"))
+        shown.update(len(mine))
+    shown.close()
     for part in comm.gather(mine, root=0) or []:
         cells += part
     if rank != 0:

@@ -62,6 +62,7 @@ def train_classifier(
     iterations: int = 600,
     lr: float = 0.005,
     momentum: float = 0.9,
+    progress: str = "auto",
 ) -> tuple[np.ndarray, float]:
     """Train the digits MLP through the pipeline (weights are the variable).
 
@@ -71,10 +72,12 @@ def train_classifier(
     accuracy 0.96 at Δ = 8, 0.91 at Δ = 16); a larger step (0.02) already
     leaves Δ = 16 at 0.22 and 0.1 diverges at Δ = 8. Returns (weights, test
     accuracy) on every rank. Cached under HPCPIPE_CACHE (default
-    ~/.cache/hpcpipe), keyed by every setting that changes the result.
+    ~/.cache/hpcpipe), keyed by every setting that changes the result. Training (about
+    10 s on 2 cores) shows rank 0's progress (``Waiting``, mode ``progress``).
     """
     from hpcpipe.model.stages import stage_offsets
     from hpcpipe.pipeline.engine import Engine
+    from hpcpipe.run.progress import Waiting
 
     key = hashlib.sha256(repr((depth, width, seed, iterations, lr, momentum, 3)).encode())
     path = cache_dir() / f"digits-mlp-{key.hexdigest()[:16]}.npz"
@@ -98,10 +101,14 @@ def train_classifier(
     ) as eng:
         theta = eng.initial_point()
         vel = np.zeros_like(theta)
-        for _ in range(iterations):
+        label = f"training the digits classifier (first use, cached in {cache_dir()})"
+        shown = Waiting(label, iterations, progress, enabled=comm.rank == 0)
+        for it in range(iterations):
             res = eng.evaluate(theta)
             vel = momentum * vel - lr * res.grad
             theta = theta + vel
+            shown.update(it + 1)
+        shown.close()
     parts = comm.allgather(theta)
     w = np.concatenate(parts)
     assert w.size == stage_offsets(spec, comm.size)[-1]
@@ -133,15 +140,23 @@ def _box(x: np.ndarray, radius: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def attack(
-    comm, depth: int, width: int, m: int, seed: int, radius: float = 0.1, head: str = "margin"
+    comm,
+    depth: int,
+    width: int,
+    m: int,
+    seed: int,
+    radius: float = 0.1,
+    head: str = "margin",
+    progress: str = "auto",
 ) -> AttackProblem:
     """ℓ∞ attack on m correctly classified test digits: minimise the CW margin.
 
     θ = δ (m, 64) on stage 0, constrained to ‖δ‖∞ ≤ radius and x + δ ∈ [0, 1]:
     the box [max(−r, −x), min(r, 1 − x)], whose projection is a clip. An
-    image is misclassified (attack success) when its margin is < 0.
+    image is misclassified (attack success) when its margin is < 0. ``progress``: how
+    the classifier's training on first use shows (``Waiting``).
     """
-    w, acc = train_classifier(comm, depth, width, seed)
+    w, acc = train_classifier(comm, depth, width, seed, progress=progress)
     spec = _mlp_spec(depth, width, seed, head)
     _, _, xte, yte = load_digits_split(seed)
     ok = np.flatnonzero(logits(spec, w, xte).argmax(1) == yte)
@@ -164,7 +179,7 @@ CLASSIFIER_SEED = 0  # one trained classifier per (depth, width); the run seed p
 
 
 def attack_targeted(
-    comm, depth: int, width: int, m: int, seed: int, radius: float
+    comm, depth: int, width: int, m: int, seed: int, radius: float, progress: str = "auto"
 ) -> AttackProblem:
     """Targeted ℓ∞ attack: push each of m test digits to its least-likely class.
 
@@ -181,7 +196,7 @@ def attack_targeted(
     paper study's baseline rows). The classifier is trained once per
     (Δ, width) from ``CLASSIFIER_SEED``; ``seed`` picks the images (and the noise).
     """
-    w, acc = train_classifier(comm, depth, width, CLASSIFIER_SEED)
+    w, acc = train_classifier(comm, depth, width, CLASSIFIER_SEED, progress=progress)
     _, _, xte, yte = load_digits_split(CLASSIFIER_SEED)
     spec = _mlp_spec(depth, width, CLASSIFIER_SEED, "margin", kappa=TARGET_KAPPA, targeted=True)
     z = logits(spec, w, xte)
@@ -260,12 +275,16 @@ def _check_fewshot(cfg) -> None:
 
 ENTRIES = {
     "attack": ProblemEntry(
-        lambda cfg, comm: attack(comm, cfg.depth, cfg.width, cfg.m, cfg.seed, cfg.radius),
+        lambda cfg, comm: attack(
+            comm, cfg.depth, cfg.width, cfg.m, cfg.seed, cfg.radius, progress=cfg.progress
+        ),
         _check_attack,
         about="ℓ∞ attack (radius) on m <= 10 digits through a trained ReLU MLP",
     ),
     "attack-targeted": ProblemEntry(
-        lambda cfg, comm: attack_targeted(comm, cfg.depth, cfg.width, cfg.m, cfg.seed, cfg.radius),
+        lambda cfg, comm: attack_targeted(
+            comm, cfg.depth, cfg.width, cfg.m, cfg.seed, cfg.radius, progress=cfg.progress
+        ),
         _check_attack,
         about="ℓ∞ attack (radius) pushing m <= 10 digits to their least-likely class",
     ),

@@ -41,6 +41,21 @@ PROBLEM, OPTIMIZER, STOPPING, PIPELINE, OUTPUT, TESTING = (
 GROUPS = (PROBLEM, OPTIMIZER, STOPPING, PIPELINE, OUTPUT, TESTING)
 
 
+# PPRS's practical defaults (mode = "practical", keys not given): K = 10 samples of radius
+# gamma = 0.01, the K of the few-shot study (jobs/sweeps/paper-gamma.toml) and the middle of
+# its gamma grid. With K = 1 and gamma = 0 PPRS's update (Colin et al. 2019, Alg. 1) is
+# AGD's, bit for bit: a default that means PPRS must smooth.
+PPRS_SAMPLES = 10
+PPRS_GAMMA = 0.01
+
+
+def shown_default(f: dataclasses.Field) -> str:
+    """A key's default as the help and the reference state it (some depend on the run)."""
+    if "shown" in f.metadata:
+        return f.metadata["shown"]
+    return str(f.default) if f.default != "" else '""'
+
+
 def setting(default, meaning: str, group: str):
     """A configuration key: its default, what it means (the help text) and its group."""
     return dataclasses.field(default=default, metadata={"help": meaning, "group": group})
@@ -51,7 +66,14 @@ class RunConfig:
     """Every setting of a run: the one schema that the CLI help, TOML files and checks read."""
 
     problem: str = setting("l1-chain", "problem to optimise", PROBLEM)
-    depth: int = setting(4, "layers (blocks) of the model: depth Delta", PROBLEM)
+    depth: int = dataclasses.field(
+        default=4,
+        metadata={
+            "help": "layers (blocks) of the model: depth Delta",
+            "group": PROBLEM,
+            "shown": "4, or the rank count when more ranks run (mpi executor)",
+        },
+    )
     width: int = setting(32, "hidden width of the digits MLP (attack, fewshot)", PROBLEM)
     dim: int = setting(16, "dimension d of the convex chains", PROBLEM)
     layers: str = setting(
@@ -74,8 +96,22 @@ class RunConfig:
         "'nesterov' ((t-1)/(t+2)), 'acsa' (PPRS: AC-SA's update) or a constant in [0, 1)",
         OPTIMIZER,
     )
-    gamma: float = setting(0.0, "smoothing radius gamma of PPRS (0: no smoothing)", OPTIMIZER)
-    samples: int = setting(1, "smoothing samples K per iteration (PPRS)", OPTIMIZER)
+    gamma: float = dataclasses.field(
+        default=0.0,
+        metadata={
+            "help": "smoothing radius gamma of PPRS (0: no smoothing)",
+            "group": OPTIMIZER,
+            "shown": f"{PPRS_GAMMA} for pprs, 0 for gd and agd",
+        },
+    )
+    samples: int = dataclasses.field(
+        default=1,
+        metadata={
+            "help": "smoothing samples K per iteration (PPRS)",
+            "group": OPTIMIZER,
+            "shown": f"{PPRS_SAMPLES} for pprs, 1 for gd and agd",
+        },
+    )
     epsilon: float = setting(0.0, "target accuracy f - f* (theory mode plans from it)", OPTIMIZER)
     iterations: int = setting(100, "iterations T (theory mode: planned from epsilon)", STOPPING)
     time_budget: float = setting(0.0, "stop when the pipeline time reaches it (0: off)", STOPPING)
@@ -236,21 +272,47 @@ def unknown_key(name: str) -> ConfigError:
     return ConfigError(f"unknown key {name!r}{hint}; known keys: {', '.join(FIELDS)}")
 
 
-def make_config(values: dict) -> RunConfig:
-    """RunConfig from a dict of settings, type-checked and validated."""
+def run_defaults(kw: dict, ranks: int | None = None) -> dict:
+    """The defaults that depend on other settings, for the keys ``kw`` does not give.
+
+    * ``optimizer = "pprs"`` in practical mode: ``samples = PPRS_SAMPLES`` and
+      ``gamma = PPRS_GAMMA`` (theory mode plans both from epsilon);
+    * ``depth``: 4, or the rank count when ``ranks`` (known before the run) is larger
+      and the executor is mpi, where every rank owns at least one layer.
+    """
+    out = {}
+    practical = kw.get("mode", FIELDS["mode"].default) == "practical"
+    if kw.get("optimizer", FIELDS["optimizer"].default) == "pprs" and practical:
+        if "samples" not in kw:
+            out["samples"] = PPRS_SAMPLES
+        if "gamma" not in kw:
+            out["gamma"] = PPRS_GAMMA
+    executor = kw.get("executor", FIELDS["executor"].default)
+    if "depth" not in kw and ranks and executor == "mpi" and ranks > FIELDS["depth"].default:
+        out["depth"] = ranks
+    return out
+
+
+def make_config(values: dict, ranks: int | None = None) -> RunConfig:
+    """RunConfig from a dict of settings, type-checked and validated; keys not given take
+    their defaults (``run_defaults``: some follow the optimizer or the rank count)."""
     kw = {}
     for k, v in values.items():
         key = k.replace("-", "_")
         if key not in FIELDS:
             raise unknown_key(k)
         kw[key] = _coerce(key, v)
+    kw.update(run_defaults(kw, ranks))
     cfg = RunConfig(**kw)
     validate(cfg)
     return cfg
 
 
-def load(path: str | None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a TOML file (flat keys, or a [run] table) and apply ``key=value`` overrides."""
+def load(
+    path: str | None, overrides: list[str] | None = None, ranks: int | None = None
+) -> RunConfig:
+    """Read a TOML file (flat keys, or a [run] table) and apply ``key=value`` overrides;
+    ``ranks``, when known, sets the default depth (``run_defaults``)."""
     values: dict = {}
     if path:
         p = Path(path)
@@ -276,7 +338,7 @@ def load(path: str | None, overrides: list[str] | None = None) -> RunConfig:
             raise ConfigError(f"override {item!r}: write key=value")
         k, v = item.split("=", 1)
         values[k.strip()] = v.strip()
-    return make_config(values)
+    return make_config(values, ranks)
 
 
 def check_output(cfg: RunConfig) -> None:

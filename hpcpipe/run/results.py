@@ -40,7 +40,7 @@ import h5py
 import numpy as np
 
 from hpcpipe.errors import ResultsError
-from hpcpipe.run import superblock
+from hpcpipe.run import superblock, units
 
 SCHEMA_VERSION = 3
 # 1: /state held theta, prev; 2: named optimizer state (state/optimizer/<name>);
@@ -373,6 +373,7 @@ class Writer:
         _state_slot(rs.create_group(BACKUP), state_layout, state_size, n_stages)
         rs.create_dataset(COMMIT, data=np.zeros(1, dtype="i8"), **SUM)
         self._last = _read_slot(rs)
+        units.label(self.f)  # every dataset's units attribute (hpcpipe/run/units.py)
         self.f.swmr_mode = True
         self.f.flush()
 
@@ -427,6 +428,7 @@ class Writer:
         keep = int((self.f["timeline"]["iteration"][()] <= last_iteration).sum())
         for c in TIMELINE_INT + TIMELINE_FLOAT:
             self.f["timeline"][c].resize((keep,))
+        units.label(self.f)  # files written before datasets carried units get them
         self.f.swmr_mode = True
         self.f.flush()
         return self

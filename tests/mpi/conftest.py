@@ -18,3 +18,26 @@ def pytest_terminal_summary(terminalreporter):
     with open(path, "w") as fh:
         json.dump(stats, fh)
 
+
+
+def _ranks(item) -> int:
+    """The rank count of a parametrised MPI test (P, S or p), 0 when it has none."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return max([v for k, v in params.items() if k in ("P", "S", "p") and isinstance(v, int)] + [0])
+
+
+def pytest_collection_modifyitems(config, items):
+    """The fast lane's core: every MPI test function once, at its largest rank count (the
+    first such case); its other cases are marked slow (``pytest -m "not slow"`` skips them,
+    the full run keeps them)."""
+    import pytest
+
+    core: dict[str, object] = {}
+    for item in items:
+        key = f"{item.module.__name__}::{item.originalname}"
+        if key not in core or _ranks(item) > _ranks(core[key]):
+            core[key] = item
+    chosen = {id(i) for i in core.values()}
+    for item in items:
+        if id(item) not in chosen:
+            item.add_marker(pytest.mark.slow)

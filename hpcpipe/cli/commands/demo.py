@@ -10,7 +10,6 @@ from hpcpipe.cli.launch import inside_mpi, relaunch, strip_np, under_mpi
 
 NAME = "demo"
 HELP = "PPRS overtakes pipelined GD as the pipeline deepens (4 local ranks + simulated)"
-TAKES_EXTRA = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--budget", type=float, default=0.0, help="attack: pipeline time budget in tau"
     )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress lines on stderr (they show on waits over 2 s: the attack's "
+        "classifier training on first use, the simulated runs)",
+    )
 
 
 def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
@@ -42,13 +47,16 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
     if not inside_mpi():
         return relaunch(args.np, strip_np(argv))
 
+    progress = "off" if args.quiet else "auto"
+
     def body(comm) -> int:
         if args.which == "attack":
             from hpcpipe.demos.attack import demo
 
-            return demo(comm, budget=args.budget)
+            return demo(comm, budget=args.budget, progress=progress)
         from hpcpipe.demos.crossover import demo as crossover
 
-        return crossover(comm, figure_path=None if args.no_figure else args.figure)
+        figure = None if args.no_figure else args.figure
+        return crossover(comm, figure_path=figure, progress=progress)
 
     return under_mpi(body)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from hpcpipe.cli.arguments import ranks_option
-from hpcpipe.cli.launch import inside_mpi, relaunch, strip_np, under_mpi
+from hpcpipe.cli.launch import inside_mpi, launched_ranks, relaunch, strip_np, under_mpi
 from hpcpipe.errors import ConfigError
 
 NAME = "run"
@@ -167,7 +167,8 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
             if err:
                 raise ConfigError(err)
         else:
-            cfg = load(args.config, items(args, extra))
+            # depth not given: the rank count when larger (every rank owns a layer)
+            cfg = load(args.config, items(args, extra), ranks=args.np or launched_ranks())
         if args.np:
             validate(cfg, args.np, check_output=not args.resume)
     except ConfigError as e:

@@ -19,7 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--point", type=int, help="run only this grid point (Slurm array task)")
     parser.add_argument("--list", action="store_true", help="list the points and their state")
     parser.add_argument(
-        "--np", type=ranks_option, default=0, help="ranks of the launch (default: largest)"
+        "--np",
+        type=ranks_option,
+        default=0,
+        help="ranks of the launch (default: the largest point's; each point runs on the "
+        "ranks the sweep file gives it, so more leave ranks idle and fewer are refused)",
     )
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
 
@@ -46,6 +50,17 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
         describe(sweep)
         return 0
     launcher = not inside_mpi() and not args.inside
+    ranks = max(sweep.points[i].ranks for i in (indices or range(len(sweep.points))))
+    if launcher and args.np and args.np != ranks:
+        # the sweep file sets each point's ranks; --np only sizes the launch
+        where = f"the sweep file gives its points at most {ranks} rank(s) ([sweep] ranks)"
+        if args.np < ranks:
+            print(f"hpcpipe sweep: --np {args.np} is too few: {where}; drop --np", file=sys.stderr)
+            return 2
+        print(
+            f"hpcpipe sweep: note: {where}; --np {args.np} leaves {args.np - ranks} rank(s) idle",
+            file=sys.stderr,
+        )
     if launcher:
         from hpcpipe.studies.sweep import SweepLock
 
@@ -54,7 +69,6 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
         except ConfigError as e:
             print(f"hpcpipe: {e}", file=sys.stderr)
             return 2
-    ranks = max(sweep.points[i].ranks for i in (indices or range(len(sweep.points))))
     if launcher:
         return relaunch(args.np or ranks, ["sweep", *strip_np(argv[1:]), "--inside"])
     return under_mpi(lambda comm: main_inside(comm, args.sweep, args.out, indices))

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
     from hpcpipe.run.config import ConfigError, load, validate
 
     try:
-        cfg = load(args.config, items(args, extra))
+        cfg = load(args.config, items(args, extra), ranks=args.np or None)
         validate(cfg, args.np or None)
     except ConfigError as e:
         print(f"hpcpipe: config error: {e}", file=sys.stderr)
