@@ -52,6 +52,7 @@ STUDIES: dict[str, list[Step]] = {
     "pipeline-time": [Step(sweep="pipeline-time")],
     "depth": [Step(module="hpcpipe.studies.depth_runs")],
     "dimension": [Step(module="hpcpipe.studies.dimension_runs")],
+    "schedules": [Step(module="hpcpipe.studies.schedules_runs")],
     "smooth": [Step(sweep="smooth"), Step(sweep="smooth-worstcase")],
     "lower": [Step(sweep="lower"), Step(sweep="lower-mpi")],
     "nonconvex": [Step(sweep="nonconvex"), Step(sweep="nonconvex-mpi")],

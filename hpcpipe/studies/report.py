@@ -22,11 +22,14 @@ from hpcpipe.studies import (
     paper,
     pipeline_time,
     points,
+    schedules,
     smooth,
 )
 from hpcpipe.studies.common import StudyResult, load_records
 
-STUDIES = {m.NAME: m for m in (pipeline_time, depth, dimension, smooth, lower, nonconvex, paper)}
+STUDIES = {
+    m.NAME: m for m in (pipeline_time, depth, dimension, smooth, lower, nonconvex, paper, schedules)
+}
 
 
 def _fmt(v) -> str:
