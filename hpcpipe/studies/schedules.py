@@ -30,6 +30,7 @@ there, and the tables say so.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -52,17 +53,20 @@ def builtin_names() -> list[str]:
     return [n for n in schedules.SCHEDULES.names() if ":" not in n]
 
 
+@functools.lru_cache(maxsize=64)
 def stages_per_rank(name: str) -> int:
     """v: the stages a schedule places on each rank (1, or 2 for interleaved and V)."""
     sch = schedules.build(name, 1, 1)
     return sch.n_stages // sch.n_ranks
 
 
+@functools.lru_cache(maxsize=4096)
 def iteration_time(name: str, depth: int, n: int) -> tuple[float, float] | None:
     """(simulated, closed-form) pipeline time of one call of ``n`` items through ``depth``
     one-layer stages; the closed form is NaN outside its regime; None when the schedule
     cannot run there (its builder refuses, or Δ is not a multiple of v). The schedule is
-    validated first: a W before its I is refused (ScheduleError)."""
+    validated first: a W before its I is refused (ScheduleError). Cached per process
+    (the registry's built-ins do not change)."""
     v = stages_per_rank(name)
     if depth % v:
         return None
