@@ -490,7 +490,8 @@ def _check_executor(cfg: RunConfig, n_ranks: int | None) -> None:
                 cfg.stages in (0, n_ranks),
                 "stages",
                 cfg.stages,
-                f"the MPI engine runs one stage per rank: set stages = 0 or {n_ranks} "
+                f"the MPI engine's stages are its ranks' (as the schedule places them): "
+                f"set stages = 0 or {n_ranks} "
                 "(the rank count), or executor = 'simulated'",
             )
         return
