@@ -277,7 +277,7 @@ def _rows(res, x, cells, counts, files, names, judged, fault) -> None:
         Verdict(
             NAME, f"x = {x:g}: the schedule that gives PPRS its largest advantage",
             f"largest GD/PPRS at Δ = {D}",
-            f"{top_name}: GD/PPRS = {top['ratio']:.3g}{vs}",
+            f"{top_name}: GD/PPRS = {top['ratio']:.4g}{vs}",
             None, files, kind="claim", executor="simulated",
         )
     )  # fmt: skip
