@@ -69,6 +69,7 @@ STUDIES: dict[str, list[Step]] = {
     # one profile per depth (a profile holds one rank count), at the paths the sweep names
     "depth-wall": [Step(calibrate="depth-wall"), Step(sweep="depth-wall")],
     "dimension": [Step(module="hpcpipe.studies.dimension_runs")],
+    "schedules": [Step(module="hpcpipe.studies.schedules_runs")],
     "smooth": [Step(sweep="smooth"), Step(sweep="smooth-worstcase")],
     "lower": [Step(sweep="lower"), Step(sweep="lower-mpi")],
     "nonconvex": [Step(sweep="nonconvex"), Step(sweep="nonconvex-mpi")],

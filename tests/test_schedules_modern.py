@@ -291,13 +291,16 @@ def test_schedule_command_bad_input_and_deadlock(tmp_path):
     assert new.read_text().splitlines()[0].startswith("0F0,0F1,0I0,0W0,0F2")
 
 
-def test_run_config_refuses_placed_schedules_on_the_engine_and_bad_item_counts():
+def test_run_config_accepts_placed_schedules_on_the_engine_and_refuses_bad_item_counts():
     from hpcpipe.errors import ConfigError
     from hpcpipe.run.config import make_config, validate
 
     base = dict(problem="max-chain", depth=8, iterations=2, eval_every=0, output="")
-    with pytest.raises(ConfigError, match="places 2 stages on each rank"):
-        validate(make_config({**base, "schedule": "interleaved-1f1b"}), n_ranks=4)
+    four = {**base, "optimizer": "pprs", "samples": 4}  # interleaved: items in groups of 4
+    for name in ("interleaved-1f1b", "looped-bfs", "zb-v"):  # several stages per rank
+        validate(make_config({**four, "schedule": name}), n_ranks=4)
+    with pytest.raises(ConfigError, match="makes 16 stages of 8 ranks and depth = 8"):
+        validate(make_config({**base, "schedule": "zb-v"}), n_ranks=8)
     with pytest.raises(ConfigError, match="must be a multiple of the ranks"):
         cfg = {**base, "schedule": "interleaved-1f1b", "executor": "simulated", "stages": 4}
         validate(make_config({**cfg, "clock": "model", "optimizer": "pprs", "samples": 3}))

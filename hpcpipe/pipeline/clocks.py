@@ -155,6 +155,10 @@ class ModelClock:
     def compute(self, kind: str) -> None:
         self.t += self.cost[kind]
 
+    def advance(self, seconds: float) -> None:
+        """An action of ``seconds`` model time ran (a stage's cost of its kind)."""
+        self.t += seconds
+
 
 def align_wall_clocks(comm, rounds: int = 8) -> float:
     """Estimate this rank's perf_counter offset to rank 0; return the origin.

@@ -12,15 +12,24 @@ so the numbers do not depend on the partition. The variable θ is the input
 perturbation δ (owned by stage 0, shape (m, d_in)) or the weights (each stage
 owns its own).
 
-Each rank holds one stage. The engine walks the stage's action list; the
-only blocking points are waits on the receive of an action's input.
+Each rank holds the stages the schedule places on it (one, or several:
+interleaved and V placements) and walks its list (``Schedule.order``); the
+only blocking points are waits on the receive of an action's input. A
+hand-off between two stages of one rank is local: the consumer reads the
+producer's output buffer, with no MPI message and no α, β on the model
+clock (as ``schedules.walk``). A message between ranks is tagged with its
+boundary (link b joins stages b and b + 1) as well as its item and
+direction, so a rank holding several stages matches each to its stage.
 
-Split backward (I, W): I computes the whole backward of the stage (dL/dx,
-sent on as B's, and the parameter gradient, accumulated) and W performs no
-arithmetic; on the model clock I costs t_I and W costs t_W (``CostModel
-.split``), and emulated compute waits the same shares, so the timing is the
-schedule's while the gradient is B's exactly. Schedules placing several
-stages on one rank run on the simulated executor.
+Split backward (I, W), ``split.splitters``: I computes dL/dx through the
+stage and sends it on as B does, stashing each layer's output gradient; W
+later accumulates the weight gradient from that stash and the forward's
+caches, and frees the item's stash. On the model clock I costs t_I and W
+t_W (``CostModel.split``), and emulated compute waits the same shares.
+
+Memory: ``peak_stash`` is the largest number of items whose forward caches
+the rank held at once in the last call (an F stashes, a B or W frees), the
+quantity ``schedules.peak_stash`` predicts from the lists.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from hpcpipe.model.stages import (
 )
 from hpcpipe.pipeline import schedules
 from hpcpipe.pipeline.clocks import CostModel, ModelClock, NoClock, WallClock, align_wall_clocks
+from hpcpipe.pipeline.split import splitters
 from hpcpipe.pipeline.transport import BWD, FWD, Channel, Waiter, tag
 from hpcpipe.pipeline.watchdog import watched
 
@@ -113,37 +123,54 @@ class Engine:
         self.samples, self.microbatches, self.seed = samples, microbatches, seed
         self.n_items = samples * microbatches
         self.rows = microbatch_bounds(batch.m, microbatches)
-        lo, hi = partition(spec.depth, self.size)[self.rank]
-        self.stage = Stage(spec, lo, hi, self.rank, self.size)
-        if weights is not None:  # e.g. a trained classifier replacing the seeded init
-            offs = stage_offsets(spec, self.size)
-            self.stage.flat[:] = weights[offs[self.rank] : offs[self.rank + 1]]
         if isinstance(schedule, str):
             schedule = schedules.build(schedule, self.size, self.n_items)
-        if schedule.n_stages != self.size or schedule.n_items != self.n_items:
+        if schedule.n_ranks != self.size or schedule.n_items != self.n_items:
             raise schedules.ScheduleError(
-                f"schedule is for {schedule.n_stages} stages x {schedule.n_items} items, "
+                f"schedule is for {schedule.n_ranks} ranks x {schedule.n_items} items, "
                 f"engine has {self.size} ranks x {self.n_items} items"
-            )
-        if not schedule.one_stage_per_rank:
-            raise schedules.ScheduleError(
-                f"schedule {schedule.name!r} places {schedule.n_stages} stages on "
-                f"{schedule.n_ranks} ranks; the MPI engine runs one stage per rank: run it "
-                "with the simulated executor (executor = simulated)"
             )
         schedule.validate()
         self.schedule = schedule
-        self.codes: list[int] = schedule.codes[self.rank].tolist()
-        self._items_kinds = list(zip(*schedules.decode_list(schedule.codes[self.rank])))
-        self.layer_time = float(layer_time) * (hi - lo)
-        share = (costs or CostModel()).weight_share
-        # emulated seconds per kind: F and B a layer time each, I and W its shares
-        self._layer_times = (
-            self.layer_time,
-            self.layer_time,
-            self.layer_time - self.layer_time * share,
-            self.layer_time * share,
+        S = schedule.n_stages
+        placement = schedule.placement
+        self.placement = placement
+        bounds = partition(spec.depth, S)
+        # this rank's stages, in stage order; u indexes them ("local stage")
+        self.local_stages = [s for s in range(S) if placement[s] == self.rank]
+        if not self.local_stages:
+            raise schedules.ScheduleError(
+                f"schedule {schedule.name!r} places no stage on rank {self.rank}"
+            )
+        self.stages = [Stage(spec, *bounds[s], s, S) for s in self.local_stages]
+        self.stage = self.stages[0]  # the rank's first stage (its only one in the classic case)
+        self._local = {s: u for u, s in enumerate(self.local_stages)}
+        sizes = [st.size for st in self.stages]
+        self._param_offs = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
+        if weights is not None:  # e.g. a trained classifier replacing the seeded init
+            offs = stage_offsets(spec, S)
+            for s, st in zip(self.local_stages, self.stages):
+                st.flat[:] = weights[offs[s] : offs[s + 1]]
+        n_loc = schedules.n_codes(self.n_items)
+        order = schedule.order[self.rank]
+        self._placed = list(
+            zip(
+                schedules.stages_of(order, self.n_items).tolist(),
+                schedules.items(order % n_loc).tolist(),
+                schedules.kinds(order % n_loc).tolist(),
+            )
         )
+        self.codes: list[int] = schedules.codes_of(order, self.n_items).tolist()
+        self.action_stages: list[int] = [s for s, _, _ in self._placed]
+        costs_model = costs or CostModel()
+        share = costs_model.weight_share
+        # emulated seconds per local stage and kind: F and B a layer time per block,
+        # I and W its shares
+        self._layer_times = []
+        for st in self.stages:
+            lt = float(layer_time) * (st.hi - st.lo)
+            self._layer_times.append((lt, lt, lt - lt * share, lt * share))
+        self.layer_time = max((t[0] for t in self._layer_times), default=0.0)
         self.spin = spin
         dog = getattr(comm, "watchdog", None)
         self.waiter = Waiter(wait, self.size, timeout=timeout, watchdog=dog)
@@ -154,8 +181,16 @@ class Engine:
                 f"the cost model covers {len(costs.t_forward)} blocks, the model has "
                 f"{spec.depth}: build it with CostModel.uniform(model.depth, ...)"
             )
+        lo, hi = self.stage.lo, self.stage.hi
         if clock == "model":
-            self.clock = ModelClock.for_stage(costs or CostModel.uniform(spec.depth, 0.0), lo, hi)
+            cm = costs or CostModel.uniform(spec.depth, 0.0)
+            self.clock = ModelClock.for_stage(cm, lo, hi)
+            # model seconds per local stage and kind (F, B, I, W), as ModelClock.for_stage
+            self._model_costs = []
+            for st in self.stages:
+                tf, tb = cm.stage_costs(st.lo, st.hi)
+                ti, tw = cm.split(tb)
+                self._model_costs.append((float(tf), float(tb), float(ti), float(tw)))
         elif clock == "none":
             self.clock = NoClock()
         elif clock == "wall":
@@ -164,30 +199,45 @@ class Engine:
             )
         else:
             raise ValueError(f"clock {clock!r}: choose wall, model or none")
+        if clock != "model":
+            self._model_costs = [(0.0,) * 4 for _ in self.stages]
         self._plan: list | None = None  # built at the first call (_prepare)
         self._point = self._point_views = None  # the last call's point and its views
         self._events: np.ndarray | None = np.zeros((len(self.codes), 3))  # before any call
         self._readys: list[float] = []
         self._ends: list[float] = []
         self._t_first = 0.0
+        self.peak_stash = 0
+        # several stages per rank: a message's tag names its boundary as well
+        self._tag_stride = 0 if schedule.one_stage_per_rank else n_loc
         tub = comm.Get_attr(MPI.TAG_UB)
-        top = tag(self.n_items - 1, BWD)
+        top = self._tag_stride * max(S - 2, 0) + tag(self.n_items - 1, BWD)
         if tub is not None and top > tub:
             raise ValueError(f"{self.n_items} items need tags up to {top} > MPI_TAG_UB {tub}")
         item_rows = [
             self.rows[i % microbatches][1] - self.rows[i % microbatches][0]
             for i in range(self.n_items)
         ]
-        st = self.stage
-        self.recv_f = self.send_b = self.send_f = self.recv_b = None
-        if not st.is_first:
-            self.recv_f = Channel(comm, self.rank - 1, FWD, False, item_rows, st.n_in)
-            self.send_b = Channel(comm, self.rank - 1, BWD, True, item_rows, st.n_in)
-        if not st.is_last:
-            self.send_f = Channel(comm, self.rank + 1, FWD, True, item_rows, st.n_out)
-            self.recv_b = Channel(comm, self.rank + 1, BWD, False, item_rows, st.n_out)
-        self._recvs = [r for ch in (self.recv_f, self.recv_b) if ch for r in ch.requests]
-        self._sends = [r for ch in (self.send_f, self.send_b) if ch for r in ch.requests]
+        self._item_rows = item_rows
+        # channels per local stage: (recv_f, send_b) towards stage s − 1 and (send_f,
+        # recv_b) towards stage s + 1 when that stage is on another rank, else None
+        self._channels: list[tuple] = []
+        for s, st in zip(self.local_stages, self.stages):
+            rf = sb = sf = rb = None
+            if s > 0 and placement[s - 1] != self.rank:
+                peer, base = placement[s - 1], self._tag_stride * (s - 1)
+                rf = Channel(comm, peer, FWD, False, item_rows, st.n_in, base)
+                sb = Channel(comm, peer, BWD, True, item_rows, st.n_in, base)
+            if s < S - 1 and placement[s + 1] != self.rank:
+                peer, base = placement[s + 1], self._tag_stride * s
+                sf = Channel(comm, peer, FWD, True, item_rows, st.n_out, base)
+                rb = Channel(comm, peer, BWD, False, item_rows, st.n_out, base)
+            self._channels.append((rf, rb, sf, sb))
+        chans = [ch for group in self._channels for ch in group if ch is not None]
+        self.recv_f, self.recv_b, self.send_f, self.send_b = self._channels[0]
+        self._recvs = [r for group in self._channels for ch in group[:2] if ch for r in ch.requests]
+        self._sends = [r for group in self._channels for ch in group[2:] if ch for r in ch.requests]
+        self._all_channels = chans
         self.item_losses = np.zeros(self.n_items)
         self._tbuf = np.zeros(2)
         # small calls end with one Allgather instead of a Bcast and an Allreduce
@@ -195,24 +245,29 @@ class Engine:
         self._gather = (
             (np.zeros(self.n_items + 2), np.zeros((self.size, self.n_items + 2))) if small else None
         )
-        self.local_size = (
-            (batch.m * spec.d_in if st.is_first else 0) if variable == "input" else st.size
-        )
+        self.holds_first = self.local_stages[0] == 0
+        self.holds_last = self.local_stages[-1] == S - 1
+        self.last_rank = placement[S - 1]
+        if variable == "input":
+            self.local_size = batch.m * spec.d_in if self.holds_first else 0
+        else:
+            self.local_size = self._param_offs[-1]
         if variable == "weights":
             load_blas()  # BLAS for the weight gradients, imported now rather than in call 1
 
     # ------------------------------------------------------------------
     def initial_point(self) -> np.ndarray:
-        """This rank's part of θ₀: δ = 0 (input) or the initial weights."""
+        """This rank's part of θ₀: δ = 0 (input) or the initial weights of its stages
+        (concatenated in stage order)."""
         if self.variable == "input":
             return np.zeros(self.local_size)
-        return self.stage.flat.copy()
+        return np.concatenate([st.flat for st in self.stages])
 
     def close(self) -> None:
         """Free the persistent requests (idempotent); the engine cannot be used afterwards."""
-        for ch in (self.recv_f, self.send_b, self.send_f, self.recv_b):
-            if ch:
-                ch.free()
+        for ch in self._all_channels:
+            ch.free()
+        self._all_channels = []
         self._recvs, self._sends = [], []
         self._point = self._point_views = None
 
@@ -223,8 +278,8 @@ class Engine:
         self.close()
 
     # ------------------------------------------------------------------
-    def _emulate(self, kind: int = FORWARD) -> None:
-        seconds = self._layer_times[kind]
+    def _emulate(self, kind: int = FORWARD, u: int = 0) -> None:
+        seconds = self._layer_times[u][kind]
         if seconds <= 0:
             return
         if self.spin:
@@ -234,65 +289,129 @@ class Engine:
         else:
             time.sleep(seconds)
 
+    def _local_views(self, vec: np.ndarray) -> list:
+        """Per local stage, the parameter views of this rank's part of θ (or of a gradient)."""
+        offs = self._param_offs
+        return [
+            own(st.views(vec[offs[u] : offs[u + 1]]))
+            for u, (st, own) in enumerate(zip(self.stages, self._owns))
+        ]
+
     def _prepare(self) -> None:
         """Per-action plan, per-item views and buffers that do not change between calls.
 
         One tuple per action: (kind, item, sample, microbatch, first row, end
-        row, receive request, input, output, send request); a W has no request,
-        input or output. The input is the
-        received payload, the batch rows (first stage) or None (built per call:
-        the perturbed input δ, or the last stage's loss gradient); the output is
-        the send payload (the layers compute into it), a preallocated buffer for
-        the last stage's forward, or None (a first stage's backward).
+        row, receive request, its stamp slot and bytes, peer, input, output,
+        send request, its stamp slot, local stage, forward, backward (B or I),
+        W, model cost, emulated seconds, stage flags). The input is the
+        received payload, the producer's output buffer (a hand-off from a
+        stage of this rank), the batch rows (first stage) or None (built per
+        call: the perturbed input δ, or the last stage's loss gradient); the
+        output is the send payload (the layers compute into it), a buffer of
+        its own (the last stage's forward, a local hand-off), or None (a first
+        stage's backward when the input is not the variable).
         """
-        st, M, n = self.stage, self.microbatches, self.n_items
-        first, last = st.is_first, st.is_last
+        M, n, S = self.microbatches, self.n_items, self.schedule.n_stages
         bx, bt = self.batch.x, self.batch.targets
         self._x_rows = [bx[r0:r1] for r0, r1 in self.rows]
         self._t_rows = [bt[r0:r1] for r0, r1 in self.rows]
+        rows = [self.rows[i % M] for i in range(n)]
 
         def payloads(ch):
-            return [ch.payload(i) for i in range(n)] if ch is not None else [None] * n
-
-        rf, rb, sf, sb = (payloads(c) for c in (self.recv_f, self.recv_b, self.send_f, self.send_b))
-        if last:  # the last layer's outputs, read by the head
-            sf = [np.zeros((r1 - r0, st.n_out)) for r0, r1 in (self.rows[i % M] for i in range(n))]
-        if first and self.variable == "input":  # dL/dx of a microbatch, added into dL/dδ
-            dx = [np.zeros((r1 - r0, st.n_in)) for r0, r1 in self.rows]
-            sb = [dx[i % M] for i in range(n)]
+            return [ch.payload(i) for i in range(n)] if ch is not None else None
 
         def requests(ch):
             return list(ch.requests) if ch is not None else [None] * n
 
-        rf_req, rb_req = requests(self.recv_f), requests(self.recv_b)
-        sf_req, sb_req = requests(self.send_f), requests(self.send_b)
+        def stamps(ch):
+            if ch is None:
+                return [None] * n, [0] * n
+            return ch.slots, [ch.nbytes(i) for i in range(n)]
+
+        # per local stage: forward output (sf) and backward output (sb) buffers
+        outs_f, outs_b = [], []
+        for u, (s, st) in enumerate(zip(self.local_stages, self.stages)):
+            rf, rb, sf, sb = self._channels[u]
+            of = payloads(sf)
+            if of is None:  # last stage, or a local hand-off: buffers of its own
+                of = [np.zeros((r1 - r0, st.n_out)) for r0, r1 in rows]
+            ob = payloads(sb)
+            if ob is None:
+                if s == 0 and self.variable == "input":  # dL/dx of a microbatch, added into dL/dδ
+                    dx = [np.zeros((r1 - r0, st.n_in)) for r0, r1 in self.rows]
+                    ob = [dx[i % M] for i in range(n)]
+                elif s > 0:  # a local hand-off to stage s − 1
+                    ob = [np.zeros((r1 - r0, st.n_in)) for r0, r1 in rows]
+                else:
+                    ob = [None] * n
+            outs_f.append(of)
+            outs_b.append(ob)
+        self._owns = []
+        self._fwds, self._bwds, self._inputs, self._weights = [], [], [], []
+        for st in self.stages:
+            # the stage's forward / backward into the output buffers; a one-layer stage
+            # calls its layer directly (its parameters are then the layer's own list)
+            single = len(st.layers) == 1
+            if single:
+                self._fwds.append(st.layers[0].forward_into)
+                self._bwds.append(st.layers[0].backward_into)
+                self._owns.append(_first_of)
+            else:
+                self._fwds.append(functools.partial(forward_layers_into, st.layers))
+                self._bwds.append(functools.partial(backward_layers_into, st.layers))
+                self._owns.append(_same)
+            i_fun, w_fun = splitters(st.layers, single)
+            self._inputs.append(i_fun)
+            self._weights.append(w_fun)
         plan = []
-        for i, kind in self._items_kinds:
+        for s, i, kind in self._placed:
+            u = self._local[s]
+            rf, rb, sf, sb = self._channels[u]
             k, j = divmod(i, M)
             r0, r1 = self.rows[j]
+            st = self.stages[u]
+            cost = self._model_costs[u][kind]
+            emu = self._layer_times[u][kind]
+            flags = (s == 0, s == S - 1)
             if kind == FORWARD:
-                inp = self._x_rows[j] if first else rf[i]
-                plan.append((kind, i, k, j, r0, r1, rf_req[i], inp, sf[i], sf_req[i]))
+                if s == 0:
+                    inp, rreq, rslot, rbytes, peer = self._x_rows[j], None, None, 0, -1
+                elif rf is None:  # the activation of stage s − 1 on this rank
+                    inp = outs_f[self._local[s - 1]][i]
+                    rreq, rslot, rbytes, peer = None, None, 0, -1
+                else:
+                    slots, nb = stamps(rf)
+                    inp, rreq, rslot, rbytes = rf.payload(i), rf.requests[i], slots[i], nb[i]
+                    peer = self.placement[s - 1]
+                sreq = requests(sf)[i]
+                sslot = sf.slots[i] if sf is not None else None
+                out = outs_f[u][i]
+                fun = self._fwds[u]
             elif kind == WEIGHT:
-                plan.append((kind, i, k, j, r0, r1, None, None, None, None))
+                inp = rreq = rslot = sreq = sslot = out = None
+                rbytes, peer = 0, -1
+                fun = self._weights[u]
             else:  # B or I
-                plan.append((kind, i, k, j, r0, r1, rb_req[i], rb[i], sb[i], sb_req[i]))
+                if s == S - 1:
+                    inp, rreq, rslot, rbytes, peer = None, None, None, 0, -1
+                elif rb is None:  # the gradient of stage s + 1 on this rank
+                    inp = outs_b[self._local[s + 1]][i]
+                    rreq, rslot, rbytes, peer = None, None, 0, -1
+                else:
+                    slots, nb = stamps(rb)
+                    inp, rreq, rslot, rbytes = rb.payload(i), rb.requests[i], slots[i], nb[i]
+                    peer = self.placement[s + 1]
+                sreq = requests(sb)[i]
+                sslot = sb.slots[i] if sb is not None else None
+                out = outs_b[u][i]
+                fun = self._bwds[u] if kind != INPUT else self._inputs[u]
+            del st
+            plan.append(
+                (kind, i, k, j, r0, r1, rreq, rslot, rbytes, peer, inp, out, sreq, sslot,
+                 u, fun, cost, emu, flags)
+            )  # fmt: skip
         self._plan = plan
-        self._slots = tuple(
-            (ch.slots, [ch.nbytes(i) for i in range(n)]) if ch is not None else (None, None)
-            for ch in (self.recv_f, self.recv_b, self.send_f, self.send_b)
-        )
-        # the stage's forward / backward into the output buffers; a one-layer stage
-        # calls its layer directly (its parameters are then the layer's own list)
-        if len(st.layers) == 1:
-            self._fwd, self._bwd = st.layers[0].forward_into, st.layers[0].backward_into
-            self._own = _first_of
-        else:
-            layers = st.layers
-            self._fwd = functools.partial(forward_layers_into, layers)
-            self._bwd = functools.partial(backward_layers_into, layers)
-            self._own = _same
-        self._base_views = self._own(st.views(st.flat))
+        self._base_views = [own(st.views(st.flat)) for st, own in zip(self.stages, self._owns)]
         self._seeds: list = [None] * n
 
     @property
@@ -325,29 +444,29 @@ class Engine:
             raise ValueError(f"reduce {reduce!r}: choose mean or sum")
         if self._plan is None:
             self._prepare()
-        st, M, m = self.stage, self.microbatches, self.batch.m
-        first, last = st.is_first, st.is_last
+        M, m = self.microbatches, self.batch.m
         weights_var = self.variable == "weights"
-        input_var = self.variable == "input" and first
+        input_var = self.variable == "input" and self.holds_first
         perturb = weights_var and gamma != 0.0
-        own = self._own
+        stages = self.stages
         # the point is read in place and the gradient is a new array: no copy of either
         point = np.ascontiguousarray(point, dtype=np.float64)
         grad = np.zeros(self.local_size)
-        gviews = own(st.views(grad)) if weights_var else None
+        gviews = self._local_views(grad) if weights_var else [None] * len(stages)
         if not weights_var:
             base = self._base_views
         elif point is self._point:  # the array of the last call (e.g. updated in place)
             base = self._point_views
         else:
-            base = own(st.views(point))
+            base = self._local_views(point)
             self._point, self._point_views = point, base
         gdelta = grad.reshape(m, self.spec.d_in) if input_var else None
         # x + δ, the input of every sample when it is not perturbed
         xk = self.batch.x + point.reshape(m, self.spec.d_in) if input_var else None
         # per sample: parameters or input of its own (made at its first forward, freed
-        # after its last backward); otherwise every sample runs the same
+        # after its last backward or W on every stage); otherwise every sample runs the same
         per_sample = perturb or (input_var and gamma != 0.0)
+        per_item = M * len(stages)  # actions that free a stash, per sample
         clock, waiter = self.clock, self.waiter
         tick = clock.tick
         model = isinstance(clock, ModelClock)
@@ -356,20 +475,22 @@ class Engine:
         # the common case waits with MPI directly and has nothing to add per action
         direct = waiter.policy == "busy" and not watch and not model
         timed = model or emulate
-        fwd_into, bwd_into, head = self._fwd, self._bwd, st.head
+        head = stages[-1].head
         t_rows, seeds = self._t_rows, self._seeds
         item_losses = self.item_losses
         item_losses[:] = 0.0
         inv_m = 1.0 / m
-        (rf_slot, rf_bytes), (rb_slot, rb_bytes), (sf_slot, _), (sb_slot, _) = self._slots
+        n = self.n_items
         samples: dict[int, tuple] = {}
         left: dict[int, int] = {}
         caches: dict[int, object] = {}
+        stashes: dict[int, object] = {}  # I's output gradients, for its W
+        peak = 0
 
-        def receive(req, fwd: bool, i: int) -> None:
-            """Complete item i's receive under the wait policy, the watchdog and the clock."""
+        def receive(req, fwd: bool, i: int, peer: int) -> None:
+            """Complete item i's receive under the wait policy and the watchdog."""
             if watch:
-                what, peer = ("activation", self.rank - 1) if fwd else ("gradient", self.rank + 1)
+                what = "activation" if fwd else "gradient"
                 waiter.wait(
                     req,
                     f"rank {self.rank} waits for the {what} of item {i} from rank {peer} "
@@ -377,22 +498,23 @@ class Engine:
                 )
             else:
                 waiter.wait(req)
-            if model:
-                if fwd:
-                    clock.receive(rf_slot[i][-1], rf_bytes[i])
-                else:
-                    clock.receive(rb_slot[i][-1], rb_bytes[i])
 
         def sample(k: int) -> tuple:
-            """Sample k's (parameters, input): θ + γZ_k, or x + δ + γZ_k on the first stage."""
+            """Sample k's (parameters per local stage, input): θ + γZ_k, or x + δ + γZ_k
+            on the first stage."""
             if k not in samples:
                 params = base
                 if perturb:
-                    params = own(st.views(st.perturbed(point, gamma, self.seed, call, k)))
+                    offs = self._param_offs
+                    params = [
+                        own(st.views(st.perturbed(point[offs[u] : offs[u + 1]], gamma,
+                                                  self.seed, call, k)))
+                        for u, (st, own) in enumerate(zip(stages, self._owns))
+                    ]  # fmt: skip
                 x0 = xk
                 if input_var:
                     x0 = xk + gamma * rng.noise(self.seed, call, rng.INPUT_PARAM_ID, k, xk.shape)
-                samples[k], left[k] = (params, x0), M
+                samples[k], left[k] = (params, x0), per_item
             return samples[k]
 
         readys: list[float] = []
@@ -402,58 +524,58 @@ class Engine:
         clock.reset()
         MPI.Prequest.Startall(self._recvs)
         t_first = t_end = tick()
-        p, xs = base, xk
-        for kind, i, k, j, r0, r1, rreq, x, out, sreq in self._plan:
+        ps, xs = base, xk
+        for (
+            kind, i, k, j, r0, r1, rreq, rslot, rbytes, peer, x, out, sreq, sslot,
+            u, fun, cost, emu, (first, last),
+        ) in self._plan:  # fmt: skip
             fwd = kind == FORWARD
             if rreq is not None:
                 if direct:
                     rreq.Wait()
                 else:
-                    receive(rreq, fwd, i)
+                    receive(rreq, fwd, i, peer)
+                    if model:  # the message carries its send time
+                        clock.receive(rslot[-1], rbytes)
             ready_add(tick())
-            if kind == WEIGHT:  # its arithmetic ran in the I (see the module docstring)
-                if timed:
-                    if emulate:
-                        self._emulate(WEIGHT)
-                    if model:
-                        clock.compute("W")
-                t_end = tick()
-                end_add(t_end)
-                continue
+            key = u * n + i
             if per_sample:
-                p, xs = sample(k)
-            if fwd:  # forward of item i
-                if input_var:
+                ps, xs = sample(k)
+            if kind == WEIGHT:  # the weight gradient from I's stash; frees the item's stash
+                fun(stashes.pop(key), caches.pop(key), ps[u], gviews[u])
+            elif fwd:  # forward of item i
+                if first and input_var:
                     x = xs[r0:r1]
-                caches[i] = fwd_into(x, p, out)
+                caches[key] = fun(x, ps[u], out)
+                if len(caches) > peak:
+                    peak = len(caches)
                 if last:
                     item_losses[i], seeds[i] = head(out, t_rows[j], inv_m)
-                if timed:
-                    if emulate:
-                        self._emulate(FORWARD)
-                    if model:
-                        clock.compute("F")
-            else:  # backward of item i
+            else:  # backward (B) or input gradient (I) of item i
                 if last:
                     x, seeds[i] = seeds[i], None
-                bwd_into(x, caches.pop(i), p, gviews, out)
-                if input_var:
+                if kind == INPUT:
+                    stashes[key] = fun(x, caches[key], ps[u], gviews[u], out)
+                else:
+                    fun(x, caches.pop(key), ps[u], gviews[u], out)
+                if first and input_var:
                     gdelta[r0:r1] += out
-                if timed:
-                    if emulate:
-                        self._emulate(kind)
-                    if model:
-                        clock.compute(KIND_LETTERS[kind])
-                if per_sample:
-                    left[k] -= 1
-                    if left[k] == 0:
-                        del samples[k], left[k]
+            if timed:
+                if emulate and emu > 0:
+                    self._emulate(kind, u)
+                if model:
+                    clock.advance(cost)
+            if per_sample and kind != FORWARD and kind != INPUT:
+                left[k] -= 1
+                if left[k] == 0:
+                    del samples[k], left[k]
             if sreq is not None:
                 if model:  # the message carries its send time
-                    (sf_slot if fwd else sb_slot)[i][-1] = tick()
+                    sslot[-1] = tick()
                 sreq.Start()
             t_end = tick()
             end_add(t_end)
+        self.peak_stash = peak
         if watch:
             waiter.waitall(
                 self._sends, f"rank {self.rank} waits for its sends of call {call} to complete"
@@ -475,10 +597,10 @@ class Engine:
             mine[0], mine[1] = -t_first, t_end
             mine[2:] = item_losses
             comm.Allgather([mine, MPI.DOUBLE], [every, MPI.DOUBLE])
-            item_losses[:] = every[-1, 2:]
+            item_losses[:] = every[self.last_rank, 2:]
             elapsed = every[:, 1].max() + every[:, 0].max()
         elif self.size > 1:
-            comm.Bcast([item_losses, MPI.DOUBLE], root=self.size - 1)
+            comm.Bcast([item_losses, MPI.DOUBLE], root=self.last_rank)
             self._tbuf[0], self._tbuf[1] = -t_first, t_end
             comm.Allreduce(MPI.IN_PLACE, [self._tbuf, MPI.DOUBLE], op=MPI.MAX)
             elapsed = self._tbuf[1] + self._tbuf[0]

@@ -5,8 +5,8 @@ call=0, reduce="mean")`` returning ``.loss .losses .grad .time
 .item_losses``, ``initial_point()``, ``schedule``, ``size`` (ranks the point
 is split over), ``close()``.
 
-* ``mpi``: ``engine.Engine``, one pipeline stage per MPI rank (the ground
-  truth; wall or model clock);
+* ``mpi``: ``engine.Engine``, the stages the schedule places on each MPI rank
+  (the ground truth; wall or model clock);
 * ``simulated``: ``simulated.SimulatedPipeline``, S stages in one process,
   each call timed by the schedule simulator on the model clock (equal to the
   MPI model clock bitwise; reaches Δ in the thousands);
@@ -52,8 +52,19 @@ def mpi_engine(comm, spec, batch, *, stages: int = 0, **kw):
     from hpcpipe.pipeline.engine import Engine
 
     if stages not in (0, comm.size):
-        raise ValueError(f"the MPI engine has one stage per rank: stages = {stages} != {comm.size}")
-    return Engine(comm, spec, batch, **kw)
+        raise ValueError(f"the MPI engine runs on its ranks: stages = {stages} != {comm.size}")
+    eng = Engine(comm, spec, batch, **kw)
+    if kw.get("variable") == "weights" and not eng.schedule.one_stage_per_rank:
+        from hpcpipe.errors import ConfigError
+
+        eng.close()
+        raise ConfigError(
+            f"schedule = {eng.schedule.name!r}: it places several stages on a rank, and a run "
+            "whose variable is the weights keeps one stage per rank on MPI (the run's state "
+            "is laid out by rank): use a one-stage schedule (gpipe, 1f1b, zb-h1) or "
+            "executor = 'simulated'"
+        )
+    return eng
 
 
 def simulated_pipeline(comm, spec, batch, *, stages: int = 0, **kw):

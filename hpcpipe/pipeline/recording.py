@@ -25,7 +25,7 @@ class Recorder:
         codes = np.asarray(engine.codes, dtype=np.int64)
         self._static = np.zeros((len(codes), N_FIELDS))
         self._static[:, 1] = engine.rank
-        self._static[:, 2] = engine.rank
+        self._static[:, 2] = engine.action_stages
         self._static[:, 3] = kinds(codes)
         self._static[:, 4] = items(codes)
         self.pending: list[np.ndarray] = []

@@ -2,7 +2,8 @@
 
 Each direction to each neighbour has one preallocated contiguous float64
 buffer, sliced into one message per work item, and one persistent request
-per item (``Send_init`` / ``Recv_init``, tag = the sending action's code). A message
+per item (``Send_init`` / ``Recv_init``, tag = the sending action's code, plus
+``tag_base`` naming the boundary when a rank pair shares several). A message
 is the item's activation (or gradient) rows followed by one float64 holding
 the sender's clock stamp, so the model clock travels with the data in the
 same message. All receives of a call are started before its first action;
@@ -37,7 +38,16 @@ def tag(item: int, direction: int) -> int:
 class Channel:
     """Per-item buffers and persistent requests for one (peer, direction, send|recv)."""
 
-    def __init__(self, comm, peer: int, direction: int, sending: bool, rows: list[int], width: int):
+    def __init__(
+        self,
+        comm,
+        peer: int,
+        direction: int,
+        sending: bool,
+        rows: list[int],
+        width: int,
+        tag_base: int = 0,
+    ):
         self.sizes = [r * width for r in rows]
         self.offsets = np.concatenate([[0], np.cumsum([s + 1 for s in self.sizes])]).astype(int)
         self.buffer = np.zeros(int(self.offsets[-1]), dtype=np.float64)
@@ -46,7 +56,8 @@ class Channel:
         self.rows = rows
         init = comm.Send_init if sending else comm.Recv_init
         self.requests = [
-            init([slot, MPI.DOUBLE], peer, tag(i, direction)) for i, slot in enumerate(self.slots)
+            init([slot, MPI.DOUBLE], peer, tag_base + tag(i, direction))
+            for i, slot in enumerate(self.slots)
         ]
 
     def payload(self, item: int) -> np.ndarray:

@@ -163,72 +163,71 @@ def rounds_by_kind(
         ti, tw = schedules.split_backward(tb)
     NC = schedules.n_codes(n)
     order = schedule.order
-    L = max(len(o) for o in order)
-    placed = np.full((R, L), -1, dtype=np.int64)
-    for r, o in enumerate(order):
-        placed[r, : len(o)] = o
-    pad = placed < 0
-    stage = np.where(pad, 0, schedules.stages_of(placed, n))
-    codes = np.where(pad, 0, schedules.codes_of(placed, n))
-    kind, item = schedules.kinds(codes), schedules.items(codes)
+    lengths = np.array([len(o) for o in order])
+    L = int(lengths.max())
     never, none = S * NC, S * NC + 1  # E[never] = +inf (waits forever), E[none] = -inf
+    # per action, in rank order (no padding): its placed code, stage, kind and item
+    placed = np.concatenate(order) if len(order) else np.zeros(0, np.int64)
+    stage = schedules.stages_of(placed, n)
+    codes = placed - stage * NC
+    kind, item = schedules.kinds(codes), schedules.items(codes)
     # the kind that sends stage s's gradient of item i: B, or I where the stage splits
     grad = np.full((S + 1, n), int(Kind.BACKWARD), dtype=np.int64)
     is_i = kind == Kind.INPUT
     grad[stage[is_i], item[is_i]] = int(Kind.INPUT)
     local = np.concatenate([schedules.local_hops(schedule), [True]])
-    # per position: its own slot, its dependency's slot, its message and its cost;
-    # one extra column per rank where a finished rank parks (it waits forever)
-    own = np.full((R, L + 1), never, dtype=np.int64)
-    own[:, :L] = np.where(pad, never, placed)
-    dep = np.full((R, L + 1), never, dtype=np.int64)
-    dep[:, :L] = np.where(pad, never, none)
-    mcost = np.zeros((R, L + 1))
-    tcost = np.zeros((R, L + 1))
     msg0 = np.zeros((S, n))  # row S - 1 stays zero: "no message"
     msg0[: S - 1] = np.where(local[: S - 1, None], 0.0, msg)
-    for k, t in ((Kind.FORWARD, tf), (Kind.BACKWARD, tb), (Kind.INPUT, ti), (Kind.WEIGHT, tw)):
-        mine = (kind == k) & ~pad
-        tcost[:, :L] = np.where(mine, np.asarray(t)[stage], tcost[:, :L])
+    # per kind, from the one dependency rule: stage offset of the producer, whether the
+    # message is the gradient (its sending kind looked up in ``grad``), the sending kind
+    offset = np.zeros(schedules.N_KINDS, dtype=np.int64)
+    has = np.zeros(schedules.N_KINDS, dtype=bool)
+    sender = np.zeros(schedules.N_KINDS, dtype=np.int64)
+    for k in Kind:
         d = schedules.DEPENDENCY[k]
-        if d is None:
-            continue
-        offset, dep_kind = d
-        ds = stage + offset
-        valid = (ds >= 0) & (ds < S)
-        dsc = np.clip(ds, 0, S)
-        dk = grad[dsc, item] if dep_kind == Kind.BACKWARD else int(dep_kind)
-        slot = np.where(valid, dsc * NC + schedules.encode(item, dk), none)
-        dep[:, :L] = np.where(mine, slot, dep[:, :L])
-        b = np.where(valid, np.minimum(stage, ds), S - 1)
-        mcost[:, :L] = np.where(mine, msg0[b, item], mcost[:, :L])
+        if d is not None:
+            offset[k], has[k], sender[k] = d[0], True, int(d[1])
+    costs = np.stack([np.asarray(t, dtype=np.float64) for t in (tf, tb, ti, tw)])
+    tcost_a = costs[kind, stage]  # a selection: the same floats as the walk's t_kind
+    ds = stage + offset[kind]
+    valid = has[kind] & (ds >= 0) & (ds < S)
+    dsv, iv, kv = ds[valid], item[valid], kind[valid]
+    dk = sender[kv]
+    grad_msg = dk == int(Kind.BACKWARD)
+    dk[grad_msg] = grad[dsv[grad_msg], iv[grad_msg]]
+    dep_a = np.full(len(placed), none, dtype=np.int64)
+    dep_a[valid] = dsv * NC + schedules.encode(iv, dk)
+    mcost_a = np.zeros(len(placed))
+    mcost_a[valid] = msg0[np.minimum(stage[valid], dsv), iv]
+    # the (R, L + 1) tables, position-major per rank; a rank past its list (and the
+    # extra column) parks on a cell that waits forever
+    at = np.repeat(np.arange(R, dtype=np.int64) * (L + 1), lengths)
+    at += np.arange(len(placed), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    # paired columns, so that one gather per round reads both: (dependency slot, own
+    # slot) and (message cost, compute cost)
+    slots = np.full((R * (L + 1), 2), never, dtype=np.int64)
+    slots[at, 0] = dep_a
+    slots[at, 1] = placed
+    cost = np.zeros((R * (L + 1), 2))
+    cost[at, 0] = mcost_a
+    cost[at, 1] = tcost_a
     E = np.full(S * NC + 2, INF)
     E[none] = -INF
-    own, dep, mcost, tcost = own.ravel(), dep.ravel(), mcost.ravel(), tcost.ravel()
     first = np.arange(R) * (L + 1)
     cur = first.copy()
-    lengths = np.array([len(o) for o in order])
     clock = np.zeros(R)
-    d, m, t = np.empty(R), np.empty(R), np.empty(R)
-    di, oi = np.empty(R, dtype=np.int64), np.empty(R, dtype=np.int64)
+    d = np.empty(R)
+    sl, mt = np.empty((R, 2), dtype=np.int64), np.empty((R, 2))
+    di, oi, m, t = sl[:, 0], sl[:, 1], mt[:, 0], mt[:, 1]
     ok = np.empty(R, dtype=bool)
-    # a rank past its list parks on the padding column of its row: make it the
-    # column right after its last action, which waits forever
-    if np.any(lengths < L):
-        for r in np.flatnonzero(lengths < L):
-            base = r * (L + 1)
-            own[base + lengths[r] : base + L + 1] = never
-            dep[base + lengths[r] : base + L + 1] = never
     total, done, r = int(lengths.sum()), 0, 0
     while done < total:
-        np.take(dep, cur, out=di)
+        np.take(slots, cur, axis=0, out=sl)
         np.take(E, di, out=d)
-        np.take(mcost, cur, out=m)
+        np.take(cost, cur, axis=0, out=mt)
         np.add(d, m, out=d)
         np.maximum(d, clock, out=d)
-        np.take(tcost, cur, out=t)
         np.add(d, t, out=d)
-        np.take(own, cur, out=oi)
         E[oi] = d  # a rank that waits writes +inf over its own +inf
         np.less(d, INF, out=ok)
         np.copyto(clock, d, where=ok)

@@ -518,9 +518,10 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
 
 
 def _check_schedule(cfg: RunConfig, n_ranks: int | None) -> None:
-    """A built-in schedule must build for this run: its stage count fits the depth, the
-    MPI engine gets one stage per rank, and the builder's own rules hold (e.g. items a
-    multiple of the ranks for interleaved-1f1b)."""
+    """A built-in schedule must build for this run: its stage count fits the depth, and
+    the builder's own rules hold (e.g. items a multiple of the ranks for
+    interleaved-1f1b). Every built-in runs on MPI; a placement of several stages
+    per rank with the weights as variable is refused when the engine is built."""
     from hpcpipe.pipeline.schedules import ScheduleError, build
 
     if ":" in str(cfg.schedule) or cfg.schedule not in SCHEDULES.names():
@@ -537,14 +538,6 @@ def _check_schedule(cfg: RunConfig, n_ranks: int | None) -> None:
             sch = build(cfg.schedule, P, n)
     except ScheduleError as e:
         raise ConfigError(f"schedule = {cfg.schedule!r}: {e}") from None
-    if cfg.executor == "mpi":
-        _need(
-            sch.one_stage_per_rank,
-            "schedule",
-            cfg.schedule,
-            f"it places {sch.n_stages // sch.n_ranks} stages on each rank and the MPI engine "
-            "runs one stage per rank: use executor = 'simulated' (with stages = the rank count)",
-        )
     _need(
         sch.n_stages <= cfg.depth,
         "schedule",
@@ -568,7 +561,8 @@ def _check_executor(cfg: RunConfig, n_ranks: int | None) -> None:
                 cfg.stages in (0, n_ranks),
                 "stages",
                 cfg.stages,
-                f"the MPI engine runs one stage per rank: set stages = 0 or {n_ranks} "
+                f"the MPI engine's stages are its ranks' (as the schedule places them): "
+                f"set stages = 0 or {n_ranks} "
                 "(the rank count), or executor = 'simulated'",
             )
         return

@@ -553,7 +553,8 @@ def _hop_costs(cfg: RunConfig, eng: Executor, hosts: list[str] | None):
     """Per-(boundary, item) message costs of the wall-clock prediction (``placement``).
 
     None (no message cost) when every α, β is 0. The MPI engine runs stage s on
-    rank s; the simulated executor runs every stage in one process (one host).
+    rank placement[s] (a hop inside a rank is a local copy: its cost is dropped
+    by the simulator); the simulated executor runs every stage in one process.
     """
     from hpcpipe.model.stages import partition
     from hpcpipe.pipeline.placement import LinkCosts, crossings, hop_costs
@@ -567,7 +568,10 @@ def _hop_costs(cfg: RunConfig, eng: Executor, hosts: list[str] | None):
     widths = [dims[hi] for _, hi in partition(spec.depth, S)[:-1]]
     rows = [b - a for a, b in eng.rows]
     item_rows = [rows[i % len(rows)] for i in range(eng.schedule.n_items)]
-    placed = hosts if hosts is not None and cfg.executor == "mpi" else [""] * S
+    placement = eng.schedule.placement
+    placed = (
+        [hosts[r] for r in placement] if hosts is not None and cfg.executor == "mpi" else [""] * S
+    )
     return hop_costs(links, crossings(placed, S), widths, item_rows)
 
 

@@ -24,13 +24,24 @@ from hpcpipe.studies import (
     paper,
     pipeline_time,
     points,
+    schedules,
     smooth,
 )
 from hpcpipe.studies.common import StudyResult, load_records
 
 STUDIES = {
     m.NAME: m
-    for m in (pipeline_time, depth, depth_wall, dimension, smooth, lower, nonconvex, paper)
+    for m in (
+        pipeline_time,
+        depth,
+        depth_wall,
+        dimension,
+        smooth,
+        lower,
+        nonconvex,
+        paper,
+        schedules,
+    )
 }
 
 

@@ -1,6 +1,7 @@
 """executor = "simulated" equals executor = "mpi" on the model clock.
 
-For every schedule the MPI engine runs (one stage per rank), on 1, 2 and 4
+For every schedule with one stage per rank (test_placed_mpi covers the
+others), on 1, 2 and 4
 ranks (stages = ranks), a short run of the same configuration (chains of dense
 and of Householder layers, an MLP) through the run loop: the iterates agree to
 <= 1e-12 and the pipeline time of every iteration is bitwise equal.
