@@ -19,7 +19,6 @@ def pytest_terminal_summary(terminalreporter):
         json.dump(stats, fh)
 
 
-
 def _ranks(item) -> int:
     """The rank count of a parametrised MPI test (P, S or p), 0 when it has none."""
     params = getattr(getattr(item, "callspec", None), "params", {})
