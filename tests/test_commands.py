@@ -119,7 +119,7 @@ def test_the_lazy_parser_is_the_full_parser(name, capsys):
 # every bench case's options, and only those
 BENCH_OPTIONS = {
     "pipeline": {"--np", "--depth", "--samples", "--layer-time", "--schedules", "--repeats"}
-    | {"--spin", "--wait"},
+    | {"--spin", "--wait", "--machine"},
     "dense": {"--np", "--width", "--mb", "--micro", "--repeats"},
     "transport": {"--np", "--max-bytes", "--min-bytes", "--iters", "--wait", "--repeats"},
     "simulate": {"--repeats"},

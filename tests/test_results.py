@@ -51,7 +51,9 @@ def test_result_file_schema_and_content(tmp_path):
     assert prob["name"] == prob["entry"] == "l1-chain" and prob["depth"] == 3
     assert prob["module"] == "hpcpipe.problems.chains"
     assert json.loads(r.attrs["method"])["name"] == "pprs" and r.attrs["executor"] == "mpi"
-    assert r.config == json.loads(cfg.to_json())
+    # the timeout is recorded as used: the automatic one (-1) resolves to off on one rank
+    assert cfg.timeout == -1 and r.config["timeout"] == 0.0
+    assert r.config == {**json.loads(cfg.to_json()), "timeout": 0.0}
     assert r.attrs["config.samples"] == 3 and r.attrs["n_ranks"] == 1
     for key in ("hpcpipe", "numpy", "mpi4py", "h5py", "mpi"):
         assert key in json.loads(r.attrs["versions"])

@@ -84,7 +84,7 @@ def _pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--machine",
         default="",
-        help="machine profile (hpcpipe calibrate at these ranks and --layer-time): the model "
+        help="machine profile (hpcpipe calibrate at these ranks and this layer time): the model "
         "charges its measured action and message costs, in seconds",
     )
 
