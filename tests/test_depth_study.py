@@ -24,6 +24,19 @@ def test_crossover_predictions():
     assert depth.law_crossover(10, 20, 5) == math.inf  # GD needs fewer iterations: never
     assert depth.crossover([2, 8, 32], [0.5, 2.0, 4.0]) == pytest.approx(4.0)  # log-log
     assert depth.crossover([2, 8], [0.5, 0.9]) == math.inf
+    # times on the GPipe law I·2(K + Δ − 1) with fixed counts: the crossing is the law's
+    # Δ* exactly, also on a grid as coarse as the study's (64 → 4096); the ratio's log-log
+    # interpolation would put it at 1834, against 545
+    i_gd, i_pp, K, grid = 2048.0, 1500.0, 200, [2, 64, 4096]
+    t_gd = [i_gd * 2 * D for D in grid]
+    t_pp = [i_pp * 2 * (K + D - 1) for D in grid]
+    law = depth.law_crossover(i_gd, i_pp, K)
+    assert 64 < law < 4096
+    assert depth.crossover_of_times(grid, t_gd, t_pp) == pytest.approx(law, rel=1e-12)
+    ratio = [a / b for a, b in zip(t_gd, t_pp)]
+    assert depth.crossover(grid, ratio) > 2 * law
+    assert depth.crossover_of_times([2, 8], [1.0, 2.0], [3.0, 4.0]) == math.inf
+    assert depth.crossover_of_times([2, 8], [5.0, 6.0], [3.0, 4.0]) == 2.0  # ahead at once
     # the measured crossover against the range the iteration counts allow, within 2x
     assert depth.crossover_agrees(304.0, 150.0, math.inf, 2, 2048)  # counts 15-16 vs 16
     assert not depth.crossover_agrees(304.0, 50.0, 120.0, 2, 2048)  # above 2 x 120

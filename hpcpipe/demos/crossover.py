@@ -96,8 +96,7 @@ class Crossover:
 def crossover(cells: list[Cell], base_depth: int, plans: tuple[int, int, int]) -> Crossover:
     """Δ* measured from the times to ε (MPI where run, else simulated), and predicted from
     the iteration counts at ``base_depth`` (MPI where run) and from the bounds' plans."""
-    from hpcpipe.studies.depth import crossover as measured_crossover
-    from hpcpipe.studies.depth import law_crossover
+    from hpcpipe.studies.depth import crossover_of_times, law_crossover
 
     t = {(c.method, c.depth): c.time for c in cells if c.executor == "simulated"}
     t.update({(c.method, c.depth): c.time for c in cells if c.executor == "mpi"})
@@ -110,7 +109,7 @@ def crossover(cells: list[Cell], base_depth: int, plans: tuple[int, int, int]) -
     return Crossover(
         depths,
         ratio,
-        measured_crossover(depths, ratio),
+        crossover_of_times(depths, *([t[(m, d)] for d in depths] for m in ("gd", "pprs"))),
         law_crossover(i_gd, i_pp, K),
         law_crossover(t_gd, t_pp, k_plan),
         K,

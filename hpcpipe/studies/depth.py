@@ -109,6 +109,27 @@ def crossover(depths, ratios) -> float:
     return math.inf
 
 
+def crossover_of_times(depths, t_gd, t_pprs) -> float:
+    """First Δ where GD's time to ε exceeds PPRS's; inf when it never does on the grid.
+
+    Between two grid depths each time is interpolated linearly in Δ, and the crossing of
+    the two lines is returned. On the model clock a method's time to ε is
+    I·(a + bΔ) (GPipe: I·2(K + Δ − 1)τ), affine in Δ, so when the iteration counts I are
+    the same at both ends the interpolation is exact and Δ* equals ``law_crossover`` of
+    the counts. Interpolating the ratio instead (which saturates in Δ) is not exact and,
+    on a coarse grid (64 → 4096), misplaces Δ* by a factor of several."""
+    for i, (D, a, b) in enumerate(zip(depths, t_gd, t_pprs)):
+        if math.isfinite(a) and math.isfinite(b) and a > b:
+            if i == 0:
+                return float(D)
+            D0, a0, b0 = depths[i - 1], t_gd[i - 1], t_pprs[i - 1]
+            g0, g1 = a0 - b0, a - b
+            if not (math.isfinite(g0) and g0 <= 0):
+                return float(D)
+            return float(D0 + (D - D0) * (-g0) / (g1 - g0))
+    return math.inf
+
+
 def law_crossover(i_gd: float, i_pprs: float, K: int) -> float:
     """Δ with I_GD·Δ = I_PPRS·(K + Δ − 1): Δ* = I_PPRS(K − 1)/(I_GD − I_PPRS) (inf if none)."""
     if not (math.isfinite(i_gd) and math.isfinite(i_pprs)) or i_gd <= i_pprs:
@@ -559,7 +580,11 @@ def _crossovers(res, recs, times, iters, Ks, outdir) -> None:
             K = Ks.get((st, "pprs", x), Kp)
             i_gd = float(np.nanmedian(iters[(st, "gd", x)]))
             i_pp = float(np.nanmedian(iters[(st, "pprs", x)]))
-            d_meas = crossover(depths, ratio)
+            d_meas = crossover_of_times(
+                depths,
+                [times[(st, "gd", x, D)] for D in depths],
+                [times[(st, "pprs", x, D)] for D in depths],
+            )
             d_bound = law_crossover(Tg, Tp, Kp)
             d_iter = law_crossover(i_gd, i_pp, K)
             # the counts vary over depths (each depth is another instance): the Δ* they allow

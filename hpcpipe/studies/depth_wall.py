@@ -61,7 +61,7 @@ from hpcpipe.studies.common import (
     save_figure,
     series_style,
 )
-from hpcpipe.studies.depth import crossover, law_crossover
+from hpcpipe.studies.depth import crossover_of_times, law_crossover
 
 NAME = "depth-wall"
 BOUND = (0.9, 1.1)
@@ -244,7 +244,8 @@ def _claim(res: StudyResult, by, recs, busy: str = "") -> None:
     med = {k: [_median(col) for col in zip(*v)] for k, v in by.items()}  # secs, pred, tau, I, n
     measured = [med[("gd", D)][0] / med[("pprs", D)][0] for D in pairs]
     predicted = [med[("gd", D)][1] / med[("pprs", D)][1] for D in pairs]
-    d_meas, d_pred = crossover(pairs, measured), crossover(pairs, predicted)
+    d_meas = crossover_of_times(pairs, *([med[(m, D)][0] for D in pairs] for m in ("gd", "pprs")))
+    d_pred = crossover_of_times(pairs, *([med[(m, D)][1] for D in pairs] for m in ("gd", "pprs")))
     i_gd = _median([med[("gd", D)][3] for D in pairs])
     i_pprs = _median([med[("pprs", D)][3] for D in pairs])
     K = int(_median([med[("pprs", D)][4] for D in pairs]))

@@ -40,7 +40,7 @@ from hpcpipe.pipeline import schedules
 from hpcpipe.pipeline.schedules import OutsideRegime, ScheduleError
 from hpcpipe.pipeline.simulator import simulate
 from hpcpipe.studies.common import COLORS, StudyResult, Verdict, figure, save_figure
-from hpcpipe.studies.depth import crossover
+from hpcpipe.studies.depth import crossover, crossover_of_times
 
 NAME = "schedules"
 T_F, T_B = 1.0, 2.0  # τ per layer (t_I = t_W = 1τ)
@@ -131,7 +131,9 @@ def crossovers(cells, counts, name: str) -> tuple[float, float]:
     """(measured Δ* on the grid's simulated times, predicted Δ* from the closed forms at
     every depth from the grid's first to its last the schedule can take)."""
     mine = [c for c in cells if c["schedule"] == name and c["runs"]]
-    measured = crossover([c["depth"] for c in mine], [c["ratio"] for c in mine])
+    measured = crossover_of_times(
+        [c["depth"] for c in mine], [c["time_gd"] for c in mine], [c["time_pprs"] for c in mine]
+    )
     if not mine:
         return math.nan, math.nan
     lo, hi = min(c["depth"] for c in cells), max(c["depth"] for c in cells)
