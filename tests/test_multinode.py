@@ -450,8 +450,9 @@ def test_node_loss_ends_the_job_and_a_resume_finishes_the_run(cluster, tmp_path)
     watchdog (timeout = 5) ends the job well within 60 s with one line naming the lost
     ranks on n2, before Slurm sees the node gone (its line precedes any node-failure
     line of the log, and comes before Slurm marks n2 down); the result file reads
-    up to its last flush (incomplete); with n2 back, a resubmit (or the requeued job)
-    resumes the point to the end, and its final iterate equals an uninterrupted run's."""
+    up to its last flush (incomplete); with n2 back, a resubmit (the job Slurm requeued
+    cancelled first) resumes the point to the end, and its final iterate equals an
+    uninterrupted run's."""
     need_cluster_slurm()
     sweep = tmp_path / "long.toml"
     sweep.write_text(LONG)
@@ -506,16 +507,22 @@ def test_node_loss_ends_the_job_and_a_resume_finishes_the_run(cluster, tmp_path)
         cut = load(result)
         assert cut.status == "incomplete" and len(cut.iterations["iteration"]) >= 20
 
-        revive("n2")  # its link and slurmd, until Slurm has it idle again
-        while _state(job) == "COMPLETING" and time.monotonic() - t0 < 240:
+        # Slurm requeues the job on the node failure. Started again on the revived n2 (a new
+        # slurmd that never saw the old step), its srun can wait for good on "Requested nodes
+        # are busy". So the user's path is taken: cancel it, wait until the nodes are idle,
+        # resubmit; the new job resumes the point.
+        sh("exec", "ctl", "scancel", job)
+        while _state(job) and time.monotonic() - t0 < 240:
             time.sleep(0.5)
-        if _state(job):  # requeued by Slurm: start it now rather than after its hold-off
-            sh("exec", "ctl", "scontrol", "release", job)
-            sh("exec", "ctl", "scontrol", "update", f"JobId={job}", "StartTime=now")
-        else:
-            p = sh("exec", "ctl", "sbatch", "--parsable", "array-4.sbatch", cwd=folder)
-            assert p.returncode == 0, p.stderr
-            job = p.stdout.strip().split(";")[0]
+        revive("n2")  # its link and slurmd, until Slurm has it idle again
+        while time.monotonic() - t0 < 240:
+            states = sh("exec", "ctl", "sinfo", "-h", "-N", "-o", "%T").stdout.split()
+            if states and all(s == "idle" for s in states):
+                break
+            time.sleep(0.5)
+        p = sh("exec", "ctl", "sbatch", "--parsable", "array-4.sbatch", cwd=folder)
+        assert p.returncode == 0, p.stderr
+        job = p.stdout.strip().split(";")[0]
         for _ in range(600):
             if not _state(job):
                 break
