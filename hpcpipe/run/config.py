@@ -616,7 +616,8 @@ def machine_policy(cfg: RunConfig, ranks: int) -> str:
 def check_machine(cfg: RunConfig, n_ranks: int | None) -> None:
     """The profile reads and fits the run: rank count, MPI library, wait policy, emulation;
     the τ-unit cost settings it replaces are left at their defaults."""
-    from hpcpipe.machine.profile import library_name, read
+    from hpcpipe.machine.profile import read
+    from hpcpipe.mpi_library import library_name
 
     for name in PROFILE_REPLACES:
         default = FIELDS[name].default
