@@ -80,6 +80,7 @@ def rec(method, depth, noise=1.0, alpha=ALPHA, schedule="gpipe", load=0.5) -> Re
             "microbatches": 0,
             "schedule": schedule,
             "tag": "depth-wall",
+            "problem": "nesterov-chain",
         },
         method={"samples": n},
         problem={},
