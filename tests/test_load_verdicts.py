@@ -206,7 +206,8 @@ def test_model_clock_law_rows_are_consistency_checks(tmp_path):
     res = pipeline_time.study(recs, tmp_path)
     law = [v for v in res.verdicts if "follows" in v.claim]
     assert len(law) == 1 and law[0].kind == "consistency" and law[0].ok is True
-    assert law[0].claim.startswith("consistency check: ") and law[0].word == "consistent"
+    assert law[0].claim.endswith("(model clock; a consistency check)")
+    assert law[0].word == "consistent"
 
 
 def test_the_recorded_model_gives_the_spec_the_run_timed():

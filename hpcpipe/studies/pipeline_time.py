@@ -108,10 +108,10 @@ def study(records, outdir: Path) -> StudyResult:
         res.verdicts.append(
             Verdict(
                 NAME,
-                ("consistency check: " if model else "")
-                + f"{sched} iteration time follows a*({law}) + b ({clock} clock"
+                f"{sched} iteration time follows a*({law}) + b ({clock} clock"
                 + (f", emulated {lt * 1e3:g} ms/layer" if lt else "")
                 + (", machine profile" if calibrated else "")
+                + ("; a consistency check" if model else "")
                 + ")",
                 f"max relative deviation <= {tol:g} over >= 3 points",
                 f"a = {a:.4g}, b = {b:.3g}, R^2 = {r2:.6f}, max dev = {dev:.2e}, {len(g)} points"
