@@ -278,3 +278,17 @@ def test_the_machinery_records_what_the_study_predicts_from(tmp_path):
         assert iteration_seconds(r) == figures["predicted_pipeline_time"] / figures["iterations"]
     report = (tmp_path / "report" / "report.md").read_text()
     assert "gpipe wall-clock iteration time = the calibrated model's" in report
+
+
+def test_the_shipped_sweep_without_its_profiles_says_how_to_make_them(tmp_path, monkeypatch):
+    """Before `hpcpipe calibrate --sweep`, the sweep names the command, in one line."""
+    from hpcpipe.errors import ConfigError
+    from hpcpipe.studies.sweep import load_sweep
+
+    monkeypatch.chdir(tmp_path)  # no results/pipeline-time/machine-np*.toml here
+    sweep = Path(__file__).resolve().parent.parent / "jobs" / "sweeps" / "pipeline-time.toml"
+    with pytest.raises(ConfigError) as e:
+        load_sweep(sweep)
+    msg = str(e.value)
+    assert "machine = 'results/pipeline-time/machine-np2.toml': no such file" in msg
+    assert msg.endswith(f"hpcpipe calibrate --sweep {sweep}") and "\n" not in msg

@@ -171,7 +171,13 @@ def load_sweep(path: str | Path, out: str | None = None, profiles: bool = True) 
                 n = cfg.depth if ranks == "depth" else ranks
                 validate(cfg, n, check_output=False, check_profile=profiles)
             except (ConfigError, ValueError) as e:
-                raise ConfigError(f"sweep {name}, point {idx} ({label}): {e}") from None
+                msg, prof = str(e), values.get("machine")
+                if msg.startswith(f"machine = {prof!r}: no such file"):  # made by calibrate
+                    msg = (
+                        f"machine = {prof!r}: no such file; calibrate the profiles the sweep "
+                        f"names first: hpcpipe calibrate --sweep {path}"
+                    )
+                raise ConfigError(f"sweep {name}, point {idx} ({label}): {msg}") from None
             file = outdir / f"{idx:04d}-{label}.h5"
             if file.parent != outdir or file.name in (".", ".."):  # cannot happen after _slug
                 raise ConfigError(f"sweep {name}, point {idx}: label {label!r} leaves {outdir}")
