@@ -292,3 +292,17 @@ def test_the_shipped_sweep_without_its_profiles_says_how_to_make_them(tmp_path, 
     msg = str(e.value)
     assert "machine = 'results/pipeline-time/machine-np2.toml': no such file" in msg
     assert msg.endswith(f"hpcpipe calibrate --sweep {sweep}") and "\n" not in msg
+
+
+def test_a_run_without_a_recorded_model_is_not_judged_and_says_why(tmp_path):
+    """A profile-bearing result of a problem whose model blocks were not recorded cannot be
+    predicted: its row says so (never failed, never passed), and the analysis goes on."""
+    recs = [
+        dataclasses.replace(calibrated_rec(S, K, 1.0), problem={"name": "fewshot"})
+        for S in (2, 3, 4)
+        for K in (1, 4)
+    ]
+    res = pipeline_time.study(recs, tmp_path)
+    (row,) = [v for v in res.verdicts if "calibrated model" in v.claim]
+    assert row.ok is None and row.word.startswith("not enforced (no calibrated prediction: ")
+    assert "problem.model" in row.word

@@ -177,9 +177,21 @@ def _calibrated(sched: str, lt: float, g, tol: float, load: str, busy: str) -> V
     run's schedule under its recorded machine profile (no free parameter). Not enforced
     when the machine was busy at the runs or a profile was calibrated on a busy one.
     """
+    from hpcpipe.errors import ConfigError
     from hpcpipe.machine.profile import parse
 
-    ratios = [r.iteration_time / iteration_seconds(r) for r in g]
+    emulated = f"emulated {lt * 1e3:g} ms/layer" if lt else "real layer compute"
+    claim = f"{sched} wall-clock iteration time = the calibrated model's ({emulated})"
+    bound = (
+        f"measured/predicted within 1 +- {tol:g} for every run; predicted: the simulator "
+        "under the run's machine profile (layer times, emulated action, action overhead, "
+        "alpha + bytes*beta), not a fit"
+    )
+    try:
+        ratios = [r.iteration_time / iteration_seconds(r) for r in g]
+    except ConfigError as e:  # e.g. a result made before runs recorded their model
+        why = f"no calibrated prediction: {e}"
+        return Verdict(NAME, claim, bound, why, None, files_of(g), not_enforced=why)
     notes = sorted({note for note in (parse(r.machine).busy_note for r in g) if note})
     if notes:
         load += (
@@ -188,13 +200,10 @@ def _calibrated(sched: str, lt: float, g, tol: float, load: str, busy: str) -> V
         if not busy:
             busy = f"profile {notes[0]}; rerun on an idle machine: {RERUN}"
     worst = max(ratios, key=lambda q: abs(q - 1))
-    emulated = f"emulated {lt * 1e3:g} ms/layer" if lt else "real layer compute"
     return Verdict(
         NAME,
-        f"{sched} wall-clock iteration time = the calibrated model's ({emulated})",
-        f"measured/predicted within 1 +- {tol:g} for every run; predicted: the simulator "
-        "under the run's machine profile (layer times, emulated action, action overhead, "
-        "alpha + bytes*beta), not a fit",
+        claim,
+        bound,
         f"ratios {min(ratios):.3f}..{max(ratios):.3f} (worst {worst:.3f}, median "
         f"{float(np.median(ratios)):.3f}) over {len(ratios)} runs; {load}",
         None if busy else all(abs(q - 1) <= tol for q in ratios),
