@@ -64,7 +64,8 @@ DEPTH_ASYMPTOTIC = Step(
 
 # The report's studies (hpcpipe.studies.report.STUDIES) and the steps that make their results.
 STUDIES: dict[str, list[Step]] = {
-    "pipeline-time": [Step(sweep="pipeline-time")],
+    # its wall-clock runs are held to a profile per depth, calibrated first
+    "pipeline-time": [Step(calibrate="pipeline-time"), Step(sweep="pipeline-time")],
     "depth": [Step(module="hpcpipe.studies.depth_runs"), DEPTH_ASYMPTOTIC],
     # one profile per depth (a profile holds one rank count), at the paths the sweep names
     "depth-wall": [Step(calibrate="depth-wall"), Step(sweep="depth-wall")],

@@ -80,6 +80,7 @@ def rec(method, depth, noise=1.0, alpha=ALPHA, schedule="gpipe", load=0.5) -> Re
             "microbatches": 0,
             "schedule": schedule,
             "tag": "depth-wall",
+            "problem": "nesterov-chain",
         },
         method={"samples": n},
         problem={},
@@ -325,3 +326,97 @@ def test_the_sweep_machinery_runs_a_tiny_depth_wall(tmp_path):
         # an action costs at least the emulated 1 ms: 2Δ of them for GD, 2(K + Δ − 1) PPRS
         assert per >= 2 * (depth_wall.items(r) + r.n_ranks - 1) * 0.001
     assert "![depth-wall](depth_wall.png)" in report
+
+
+# ---------------------------------------------------------------- the cluster sweep, not run
+CLUSTER = SWEEP.parent / "depth-wall-cluster.toml"
+
+
+def test_the_cluster_sweep_is_the_study_with_real_compute_at_depth_16_to_64():
+    """depth-wall-cluster.toml: depth-wall.toml's tuned configurations with real layer
+    compute (layer_time = 0), busy waiting (a core per rank), depth 16, 32, 64, and one
+    profile per depth made for that rank count, width and policy."""
+    from hpcpipe.machine.sweep_profiles import needs
+    from hpcpipe.studies.sweep import load_sweep
+
+    local, cluster = tomllib.loads(SWEEP.read_text()), tomllib.loads(CLUSTER.read_text())
+    assert cluster["sweep"]["ranks"] == "depth" and cluster["base"]["tag"] == "depth-wall"
+    changed = {"layer_time": 0.0, "wait": "busy"}
+    assert cluster["base"] == {**local["base"], **changed}
+    tuned = {c["optimizer"]: c for c in local["cases"] if c["depth"] == 2 and "layer_time" not in c}
+    seen = set()
+    for case in cluster["cases"]:
+        opt, depth = case["optimizer"], case["depth"]
+        drop = ("label", "depth", "machine")
+        assert {k: v for k, v in case.items() if k not in drop} == {
+            k: v for k, v in tuned[opt].items() if k not in drop
+        }
+        assert case["machine"] == f"profiles/machine-np{depth}.toml"
+        seen.add((opt, depth))
+    assert seen == {(m, d) for m in ("gd", "pprs") for d in (16, 32, 64)}
+    got = {
+        (n.path, n.ranks, tuple(n.policies), tuple(n.widths), n.layer_time) for n in needs(CLUSTER)
+    }
+    assert got == {
+        (f"profiles/machine-np{d}.toml", d, ("busy",), (256,), 0.0) for d in (16, 32, 64)
+    }
+    sweep = load_sweep(CLUSTER, profiles=False)  # every point valid at its rank count
+    assert sorted({p.ranks for p in sweep.points}) == [16, 32, 64] and len(sweep.points) == 6
+    assert all(p.ranks == p.values["depth"] for p in sweep.points)
+
+
+def test_the_cluster_folder_calibrates_each_depth_before_its_array(tmp_path):
+    """The generated folder has a calibration job per depth (its tasks and the profile it
+    writes), and submit.sh starts each array after its calibration succeeded (afterok),
+    the analysis after every array: run with a stand-in sbatch that records its calls."""
+    import stat
+
+    from hpcpipe.studies.jobs import JobOptions, generate
+
+    folder = tmp_path / "jobs"
+    generate(str(CLUSTER), folder, JobOptions())
+    for depth in (16, 32, 64):
+        text = (folder / f"calibrate-{depth}.sbatch").read_text()
+        assert f"#SBATCH --ntasks={depth}\n" in text
+        assert "export HPCPIPE_INSIDE_MPI=1" in text
+        profile = f"profiles/machine-np{depth}.toml"
+        assert f"if [ -f {profile} ]; then" in text
+        assert (
+            f'srun --mpi=pmi2 "${{hpcpipe[@]}}" calibrate --np {depth} --output {profile} '
+            "--wait busy --width 256\n"
+        ) in text
+        assert (
+            subprocess.run(["bash", "-n", str(folder / f"calibrate-{depth}.sbatch")]).returncode
+            == 0
+        )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "sbatch"
+    fake.write_text(
+        '#!/bin/bash\nn=$(($(wc -l < "$CALLS" 2>/dev/null || echo 0) + 100))\n'
+        'echo "$n $*" >> "$CALLS"\necho "$n;cluster"\n'
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    calls = tmp_path / "calls.txt"
+    env = dict(ENV, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls))
+    p = subprocess.run([str(folder / "submit.sh")], capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = [line.split(" ", 1) for line in calls.read_text().splitlines()]
+    ids = {args.split()[-1]: job for job, args in lines}
+    for depth in (16, 32, 64):
+        array = next(args for _, args in lines if args.endswith(f"array-{depth}.sbatch"))
+        assert f"--dependency=afterok:{ids[f'calibrate-{depth}.sbatch']}" in array
+    analysis = next(args for _, args in lines if args.endswith("analysis.sbatch"))
+    arrays = ":".join(ids[f"array-{d}.sbatch"] for d in (16, 32, 64))
+    assert f"--dependency=afterany:{arrays}" in analysis
+
+
+def test_a_slurm_folder_refuses_a_profile_outside_itself(tmp_path):
+    from hpcpipe.errors import ConfigError
+    from hpcpipe.studies.jobs import JobOptions, generate
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(CLUSTER.read_text().replace('"profiles/machine-np16.toml"', '"../np16.toml"'))
+    with pytest.raises(ConfigError, match=r"machine = '\.\./np16\.toml': a Slurm folder"):
+        generate(str(bad), tmp_path / "jobs", JobOptions())
+    assert not (tmp_path / "jobs").exists()

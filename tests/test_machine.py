@@ -11,8 +11,9 @@ from mpi4py import MPI
 
 from hpcpipe.errors import ConfigError
 from hpcpipe.machine.calibrate import fit, spread
-from hpcpipe.machine.profile import dumps, library_name, parse, read
+from hpcpipe.machine.profile import dumps, parse, read
 from hpcpipe.model.stages import ModelSpec
+from hpcpipe.mpi_library import clean_library_name, library_name
 from hpcpipe.pipeline.simulator import closed_form
 from hpcpipe.run.config import make_config, validate
 from hpcpipe.run.results import load as load_result
@@ -351,3 +352,37 @@ def test_a_library_name_with_control_characters_makes_a_readable_profile(tmp_pat
     data = profile_data(library="Open MPI v5.0.11, Sep 16, 2026\x00\x01")
     prof = parse(dumps(data))
     assert prof.mpi_library == "Open MPI v5.0.11, Sep 16, 2026\x00\x01"
+
+
+@pytest.mark.parametrize(
+    "raw, name",
+    [
+        (
+            "Open MPI v5.0.11, package: Open MPI, Sep 16, 2026\x00",
+            "Open MPI v5.0.11, package: Open MPI, Sep 16, 2026",
+        ),
+        ("Open\x00 MPI v4.1.2\x00\x00", "Open MPI v4.1.2"),
+        (
+            "\x00\n  MPICH Version:      5.0.2\nMPICH Release date: Fri\n",
+            "MPICH Version:      5.0.2",
+        ),
+        ("\x00", ""),
+    ],
+)
+def test_the_clean_library_name_drops_nul_characters_and_keeps_the_first_line(raw, name):
+    """Open MPI's Get_library_version() string carries NUL characters (its C terminator);
+    results, bench records, hpcpipe info and profiles all use the one cleaned name."""
+    assert clean_library_name(raw) == name
+
+
+def test_every_record_uses_the_one_clean_library_name(monkeypatch, capsys):
+    """Results' provenance, the bench records and hpcpipe info print the cleaned name."""
+    from hpcpipe.bench.common import mpi_library
+    from hpcpipe.cli.commands import info
+    from hpcpipe.run.results import versions
+
+    monkeypatch.setattr(MPI, "Get_library_version", lambda: "Open MPI v5.0.11\x00")
+    assert versions()["mpi"] == "Open MPI v5.0.11"
+    assert mpi_library() == "Open MPI v5.0.11"
+    assert info.run(None, [], []) == 0
+    assert "MPI: Open MPI v5.0.11\n" in capsys.readouterr().out

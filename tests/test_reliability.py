@@ -308,6 +308,7 @@ def test_shipped_configs_and_sweeps_validate(tmp_path):
     assert {s.stem for s in sweeps} == {
         "pipeline-time",
         "depth-wall",
+        "depth-wall-cluster",
         "depth-mpi",
         "dimension",
         "smooth",
@@ -323,11 +324,13 @@ def test_shipped_configs_and_sweeps_validate(tmp_path):
         "paper-mpi",
     }
     for s in sweeps:
-        if s.stem == "depth-wall":
-            # its machine profiles are made by `hpcpipe calibrate --sweep` before the sweep
-            # (tests/test_depth_wall.py runs both); without them the sweep says so, in one line
+        if s.stem in ("depth-wall", "depth-wall-cluster", "pipeline-time"):
+            # their machine profiles are made by `hpcpipe calibrate --sweep` (or the Slurm
+            # folder's calibration jobs) before the sweep (tests/test_depth_wall.py runs
+            # both); without them the sweep says so, in one line, and all else validates
             with pytest.raises(ConfigError, match="hpcpipe calibrate"):
                 load_sweep(s, out=str(tmp_path / s.stem))
+            assert len(load_sweep(s, out=str(tmp_path / s.stem), profiles=False).points) >= 6
             continue
         sw = load_sweep(s, out=str(tmp_path / s.stem))
         assert len(sw.points) >= 9, s

@@ -151,17 +151,22 @@ def test_generated_multinode_placement_and_script_fixes(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
-@pytest.mark.parametrize("study", ["depth-mpi", "dimension"])
+SHIPPED = {"depth-mpi": "depth-mpi", "dimension": "dimension", "depth-wall": "depth-wall-cluster"}
+
+
+@pytest.mark.parametrize("study", sorted(SHIPPED))
 def test_shipped_job_folders_are_what_the_generator_writes(study, tmp_path):
-    """jobs/slurm/<study> is what `hpcpipe jobs generate` writes for jobs/sweeps/<study>.toml."""
+    """jobs/slurm/<study> is what `hpcpipe jobs generate` writes for its sweep file
+    (jobs/sweeps/<study>.toml; the depth-wall folder: depth-wall-cluster.toml)."""
     shipped = HERE.parent / "jobs" / "slurm" / study
-    files = generate(str(HERE.parent / "jobs" / "sweeps" / f"{study}.toml"), tmp_path, JobOptions())
+    sweep = SHIPPED[study]
+    files = generate(str(HERE.parent / "jobs" / "sweeps" / f"{sweep}.toml"), tmp_path, JobOptions())
     names = sorted(str(f.relative_to(tmp_path)) for f in files)
     assert sorted(str(p.relative_to(shipped)) for p in shipped.rglob("*") if p.is_file()) == names
     for f in files:
         assert (shipped / f.relative_to(tmp_path)).read_text() == f.read_text(), (
             f"jobs/slurm/{study}/{f.name} is stale: run "
-            f"hpcpipe jobs generate jobs/sweeps/{study}.toml --out jobs/slurm/{study}"
+            f"hpcpipe jobs generate jobs/sweeps/{sweep}.toml --out jobs/slurm/{study}"
         )
         if f.suffix in (".sbatch", ".sh"):
             assert subprocess.run(["bash", "-n", str(shipped / f.name)]).returncode == 0

@@ -52,9 +52,10 @@ def cores() -> int:
 
 
 def mpi_library() -> str:
-    from mpi4py import MPI
+    """The MPI library's clean name (``hpcpipe.mpi_library``)."""
+    from hpcpipe.mpi_library import library_name
 
-    return MPI.Get_library_version().splitlines()[0].strip()
+    return library_name()
 
 
 def machine_line(comm=None) -> str:

@@ -37,7 +37,8 @@ def read_machine(path: str, ranks: int, wait: str, layer_time: float, spin: bool
     if not path:
         return None
     from hpcpipe.errors import ConfigError
-    from hpcpipe.machine.profile import library_name, read
+    from hpcpipe.machine.profile import read
+    from hpcpipe.mpi_library import library_name
     from hpcpipe.pipeline.transport import Waiter
 
     if spin:

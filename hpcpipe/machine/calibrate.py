@@ -389,7 +389,7 @@ def calibrate(comm, plan: Plan) -> dict | None:
     Needs at least 2 ranks (a message needs a receiver).
     """
 
-    from hpcpipe.machine.profile import library_name
+    from hpcpipe.mpi_library import library_name
     from hpcpipe.pipeline.transport import Waiter
 
     if comm.size < 2:

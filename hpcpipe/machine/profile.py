@@ -208,16 +208,6 @@ class MachineProfile:
         return CostModel(tuple(tf), tuple(tb), msg.alpha, msg.beta)
 
 
-def library_name() -> str:
-    """The MPI library's identity as a profile records it: the first line of
-    ``MPI.Get_library_version()`` without NUL characters (Open MPI's string ends in one,
-    which TOML does not allow in a string)."""
-    from mpi4py import MPI
-
-    lines = MPI.Get_library_version().replace("\x00", "").splitlines() or [""]
-    return lines[0].strip()
-
-
 # ---------------------------------------------------------------- reading
 def _num(data: dict, key: str, where: str, integer: bool = False, positive: bool = False):
     if key not in data:

@@ -64,7 +64,17 @@ def _points(data: dict) -> list[dict]:
 
 
 def needs(sweep_file: str) -> list[Need]:
-    """The profiles the points of ``sweep_file`` name, each with what it must hold."""
+    """The profiles the points of ``sweep_file`` name, each with what it must hold;
+    ConfigError when no point names one."""
+    found = named(sweep_file)
+    if not found:
+        raise ConfigError(f"--sweep {sweep_file}: no point names a machine profile (machine =)")
+    return found
+
+
+def named(sweep_file: str) -> list[Need]:
+    """The profiles the points of ``sweep_file`` name ([] if none), each with what it must
+    hold; ConfigError for a profile named by points of two rank counts or layer times."""
     from hpcpipe.pipeline.transport import Waiter
     from hpcpipe.run.config import tomllib
 
@@ -100,9 +110,7 @@ def needs(sweep_file: str) -> list[Need]:
                 )
         need.policies.add(policy)
         need.widths.add(width)
-    if not found:
-        raise ConfigError(f"--sweep {sweep_file}: no point names a machine profile (machine =)")
     return list(found.values())
 
 
-__all__ = ["Need", "needs"]
+__all__ = ["Need", "named", "needs"]

@@ -293,9 +293,10 @@ def run_defaults(kw: dict, ranks: int | None = None) -> dict:
     return out
 
 
-def make_config(values: dict, ranks: int | None = None) -> RunConfig:
+def make_config(values: dict, ranks: int | None = None, check_profile: bool = True) -> RunConfig:
     """RunConfig from a dict of settings, type-checked and validated; keys not given take
-    their defaults (``run_defaults``: some follow the optimizer or the rank count)."""
+    their defaults (``run_defaults``: some follow the optimizer or the rank count);
+    ``check_profile`` False: the machine profile is not read (``validate``)."""
     kw = {}
     for k, v in values.items():
         key = k.replace("-", "_")
@@ -304,7 +305,7 @@ def make_config(values: dict, ranks: int | None = None) -> RunConfig:
         kw[key] = _coerce(key, v)
     kw.update(run_defaults(kw, ranks))
     cfg = RunConfig(**kw)
-    validate(cfg)
+    validate(cfg, check_profile=check_profile)
     return cfg
 
 
@@ -383,8 +384,14 @@ def refuse_recorded_code(values: dict, given: dict, path: str, trusted: bool) ->
             raise ConfigError(untrusted_message(registry.what, name, path))
 
 
-def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = True) -> None:
-    """All checks that can be made before any rank starts work."""
+def validate(
+    cfg: RunConfig,
+    n_ranks: int | None = None,
+    check_output: bool = True,
+    check_profile: bool = True,
+) -> None:
+    """All checks that can be made before any rank starts work; ``check_profile`` False
+    leaves the machine profile unread (one made later, e.g. on a cluster's allocation)."""
     for name, options in CHOICES.items():
         v = getattr(cfg, name)
         _need(v in options, name, v, f"choose one of {', '.join(options)}")
@@ -501,7 +508,7 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
         )
     _check_executor(cfg, n_ranks)
     if cfg.machine:
-        check_machine(cfg, n_ranks)
+        check_machine(cfg, n_ranks, read_profile=check_profile)
     _check_schedule(cfg, n_ranks)
     if n_ranks is not None and cfg.executor == "mpi":
         _need(
@@ -613,10 +620,12 @@ def machine_policy(cfg: RunConfig, ranks: int) -> str:
     return Waiter(cfg.wait, ranks).policy
 
 
-def check_machine(cfg: RunConfig, n_ranks: int | None) -> None:
+def check_machine(cfg: RunConfig, n_ranks: int | None, read_profile: bool = True) -> None:
     """The profile reads and fits the run: rank count, MPI library, wait policy, emulation;
-    the τ-unit cost settings it replaces are left at their defaults."""
-    from hpcpipe.machine.profile import library_name, read
+    the τ-unit cost settings it replaces are left at their defaults (checked alone when
+    ``read_profile`` is False)."""
+    from hpcpipe.machine.profile import read
+    from hpcpipe.mpi_library import library_name
 
     for name in PROFILE_REPLACES:
         default = FIELDS[name].default
@@ -626,6 +635,8 @@ def check_machine(cfg: RunConfig, n_ranks: int | None) -> None:
             getattr(cfg, name),
             f"the machine profile sets the model costs: leave {name} at {default} or drop machine",
         )
+    if not read_profile:
+        return
     profile = read(cfg.machine)
     ranks = machine_ranks(cfg, n_ranks)
     if ranks is None:

@@ -182,9 +182,9 @@ def committed_slot(state) -> str:
 
 def versions() -> dict:
     import mpi4py
-    from mpi4py import MPI
 
     from hpcpipe import __version__
+    from hpcpipe.mpi_library import library_name
 
     return {
         "hpcpipe": __version__,
@@ -192,7 +192,7 @@ def versions() -> dict:
         "mpi4py": mpi4py.__version__,
         "h5py": h5py.__version__,
         "hdf5": h5py.version.hdf5_version,
-        "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+        "mpi": library_name(),
         "python": sys.version.split()[0],
     }
 

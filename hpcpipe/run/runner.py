@@ -647,6 +647,7 @@ def _reopen_writer(path: str, comm, last_iteration: int, overrides: dict | None,
 
 def _open_writer(cfg: RunConfig, comm, prob: Problem, opt: Optimizer, T: int, run: Run):
     from hpcpipe.run.results import Writer
+    from hpcpipe.studies.calibrated import model_fields
 
     if comm.rank != 0:
         return None
@@ -663,7 +664,12 @@ def _open_writer(cfg: RunConfig, comm, prob: Problem, opt: Optimizer, T: int, ru
             }
         ),
         "problem": json.dumps(
-            {**prob.constants(), "entry": cfg.problem, "module": entry.build.__module__}
+            {
+                **prob.constants(),
+                "entry": cfg.problem,
+                "module": entry.build.__module__,
+                **model_fields(prob.spec),
+            }
         ),
         "n_ranks": comm.size,
         "hosts": sorted(set(hosts)),

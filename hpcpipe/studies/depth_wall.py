@@ -51,6 +51,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from hpcpipe.studies.calibrated import iteration_seconds
 from hpcpipe.studies.common import (
     StudyResult,
     Verdict,
@@ -82,23 +83,9 @@ def items(r) -> int:
 
 
 def per_iteration(r) -> float:
-    """The calibrated model's seconds for one iteration of the design schedule (GPipe)."""
-    from hpcpipe.machine.profile import parse
-    from hpcpipe.model.stages import ModelSpec
-    from hpcpipe.pipeline.schedules import build
-    from hpcpipe.pipeline.simulator import message_costs, simulate, stage_times
-
-    prof = parse(r.machine)
-    S, depth, d = r.n_ranks, int(r.config["depth"]), int(r.config["dim"])
-    policy = r.config.get("wait", "auto")
-    if policy == "auto":  # as transport.Waiter resolves it on the calibrated machine
-        policy = "busy" if S <= int(prof.machine.get("cores", 1)) else "yield"
-    spec = ModelSpec("orthogonal", depth=depth, d_in=d, d_out=d)
-    costs = prof.cost_model(spec, 1, policy, float(r.config.get("layer_time", 0.0)), stages=S)
-    tf, tb = stage_times(costs, depth, S)
-    n = items(r)
-    msg = message_costs(costs, [d] * (S - 1), [1] * n) if S > 1 else None
-    return simulate(build("gpipe", S, n), tf, tb, msg).makespan
+    """The calibrated model's seconds for one iteration of the design schedule (GPipe):
+    ``calibrated.iteration_seconds`` of the run's profile and model."""
+    return iteration_seconds(r, "gpipe")
 
 
 def start_end(recs) -> str:

@@ -117,8 +117,10 @@ def _head(data: dict, path) -> dict:
     return head
 
 
-def load_sweep(path: str | Path, out: str | None = None) -> Sweep:
-    """Read and validate every point of a sweep file (ConfigError naming the point)."""
+def load_sweep(path: str | Path, out: str | None = None, profiles: bool = True) -> Sweep:
+    """Read and validate every point of a sweep file (ConfigError naming the point);
+    ``profiles`` False validates all but the machine profiles the points name (a Slurm
+    folder whose jobs calibrate them first: ``studies.jobs``)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"sweep file {str(path)!r} does not exist")
@@ -165,11 +167,17 @@ def load_sweep(path: str | Path, out: str | None = None) -> Sweep:
             parts = ([clabel] if clabel else []) + [f"{k}={_slug(v)}" for k, v in zip(keys, combo)]
             label = _label(parts)
             try:
-                cfg = make_config({**values, "output": ""})
+                cfg = make_config({**values, "output": ""}, check_profile=profiles)
                 n = cfg.depth if ranks == "depth" else ranks
-                validate(cfg, n, check_output=False)
+                validate(cfg, n, check_output=False, check_profile=profiles)
             except (ConfigError, ValueError) as e:
-                raise ConfigError(f"sweep {name}, point {idx} ({label}): {e}") from None
+                msg, prof = str(e), values.get("machine")
+                if msg.startswith(f"machine = {prof!r}: no such file"):  # made by calibrate
+                    msg = (
+                        f"machine = {prof!r}: no such file; calibrate the profiles the sweep "
+                        f"names first: hpcpipe calibrate --sweep {path}"
+                    )
+                raise ConfigError(f"sweep {name}, point {idx} ({label}): {msg}") from None
             file = outdir / f"{idx:04d}-{label}.h5"
             if file.parent != outdir or file.name in (".", ".."):  # cannot happen after _slug
                 raise ConfigError(f"sweep {name}, point {idx}: label {label!r} leaves {outdir}")

@@ -9,7 +9,8 @@ import pytest
 from helpers import WORLD, from_root, sub_comm
 from mpi4py import MPI
 
-from hpcpipe.machine.profile import dumps, library_name
+from hpcpipe.machine.profile import dumps
+from hpcpipe.mpi_library import library_name
 from hpcpipe.run.config import make_config
 from hpcpipe.run.runner import run
 

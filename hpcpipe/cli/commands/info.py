@@ -16,14 +16,14 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
     import h5py
     import mpi4py
     import numpy
-    from mpi4py import MPI
 
     from hpcpipe import __version__
     from hpcpipe.cli.launch import LauncherError, find_mpiexec
+    from hpcpipe.mpi_library import library_name
 
     print(f"hpcpipe {__version__}")
     print(f"numpy {numpy.__version__}, mpi4py {mpi4py.__version__}, h5py {h5py.__version__}")
-    print(f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
+    print(f"MPI: {library_name()}")
     try:
         print(f"mpiexec: {find_mpiexec()}")
     except LauncherError as e:
