@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import multiprocessing
@@ -343,16 +344,25 @@ def _summary(label: str, it: dict, values: dict, seconds: float) -> dict:
 
 
 def _run_all(items: list[tuple[str, dict, str]], workers: int, log) -> list[dict]:
+    """Run the points (grouped, longest first) on ``workers`` processes; one progress line
+    per finished point: its count, its label and its seconds."""
     groups = sorted(groups_of(items), key=lambda g: -_cost(g[0][1]))  # longest first
+    out: list[dict] = []
+
+    def done(got: list[dict]) -> None:
+        for s in got:
+            out.append(s)
+            if s["seconds"]:
+                log(f"  [{len(out)}/{len(items)}] {s['label']}: {s['seconds']:.1f} s")
+
     if workers <= 1:
-        out = [s for g in groups for s in run_group(g)]
+        for g in groups:
+            done(run_group(g))
     else:
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(workers) as pool:
-            out = [s for got in pool.imap_unordered(run_group, groups) for s in got]
-    for s in out:
-        if s["seconds"]:
-            log(f"  {s['label']}: {s['seconds']:.1f} s")
+            for got in pool.imap_unordered(run_group, groups):
+                done(got)
     return out
 
 
@@ -550,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as e:
         print(f"depth_runs: {e}", file=sys.stderr)
         return 2
-    run_study(plan)
+    run_study(plan, log=functools.partial(print, flush=True))
     return 0
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import multiprocessing
 import os
@@ -185,12 +186,21 @@ def run_study(plan: DimensionPlan, log=print) -> dict:
         order = sorted(groups.values(), key=lambda g: -g[0][1]["dim"])  # largest first
         log(f"{len(sweep.points)} simulated runs in {len(order)} groups, {plan.workers} workers")
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one core per worker
+        done: list[dict] = []
+
+        def finished(got: list[dict]) -> None:  # one progress line per instance
+            done.extend(got)
+            secs = sum(s["seconds"] or 0 for s in got)
+            log(f"  [{len(done)}/{len(sweep.points)}] {got[0]['label']} ...: {secs:.1f} s")
+
         if plan.workers <= 1:
-            done = [s for g in order for s in _run_group(g)]
+            for g in order:
+                finished(_run_group(g))
         else:
             ctx = multiprocessing.get_context("spawn")
             with ctx.Pool(plan.workers) as pool:
-                done = [s for got in pool.imap_unordered(_run_group, order) for s in got]
+                for got in pool.imap_unordered(_run_group, order):
+                    finished(got)
         ran = [s for s in done if s["seconds"]]
         log(
             f"  ran {len(ran)} ({sum(s['seconds'] for s in ran):.0f} s), skipped complete "
@@ -260,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as e:
         print(f"dimension_runs: {e}", file=sys.stderr)
         return 2
-    run_study(plan)
+    run_study(plan, log=functools.partial(print, flush=True))
     return 0
 
 
