@@ -159,12 +159,14 @@ def rounds_timing(
 ):
     """((end_f, end_b, end_i, end_w), rank ends) of any complete schedule, by rounds.
 
-    In each round every rank whose next action has its input runs it: about
-    twenty numpy calls over the R ranks decode the R next actions and time
-    them, whatever the schedule, and nothing per action is built beforehand
-    (a table of per-action operands would cost more to build and to fault in
-    than it saves). An action's end is max(E[dependency] + message, rank
-    clock) + t_kind, the walk's operations on the walk's operands
+    In each round every rank whose next action has its input runs it: a
+    dozen numpy calls over the R ranks, whatever the schedule. Per action,
+    only its own cell and its dependency's cell are computed beforehand (8
+    bytes with 32-bit cells); its message and its cost are gathered in the
+    round from small tables laid out like the end times (a per-action table
+    of floats costs more to build and to fault in than the gathers). An
+    action's end is max(E[dependency] + message, rank clock) + t_kind, the
+    walk's operations on the walk's operands
     (``schedules.walk``), so the floats are the same bit for bit: an action
     without a dependency reads a -inf cell (max(-inf + c, clock) = clock), a
     waiting one reads +inf (its dependency has not run) and moves on only once
@@ -200,7 +202,8 @@ def rounds_timing(
     codes = np.concatenate([x for o in order for x in (o, [pad])]).astype(np.int64)
     lengths = np.array([len(o) + 1 for o in order], dtype=np.int64)
     first = np.cumsum(lengths) - lengths
-    kinds_run = np.bincount(schedules.kinds(codes), minlength=NK)
+    kind = schedules.kinds(codes)
+    kinds_run = np.bincount(kind, minlength=NK)
     kinds_run[Kind.FORWARD] -= R  # the pads
     present = [k for k in Kind if kinds_run[k] > 0 or k == Kind.FORWARD]
     at = {k: p for p, k in enumerate(present)}
@@ -216,7 +219,6 @@ def rounds_timing(
     # per action (rank by rank, each list followed by its pad): its own cell and its
     # dependency's cell, the row above (F) or below (B, I) in the sender's table
     itype = np.int32 if len(E) < 2**31 else np.int64
-    kind = schedules.kinds(codes)
     key = schedules.keys_of(codes, n).astype(itype)  # stage·n + item
     key += (key // n) * (nn - n)  # stage·nn + item
     pairs = np.empty((len(codes), 2), dtype=itype)
