@@ -163,8 +163,8 @@ def rounds_timing(
     dozen numpy calls over the R ranks, whatever the schedule. Per action,
     only its own cell and its dependency's cell are computed beforehand (8
     bytes with 32-bit cells); its message and its cost are gathered in the
-    round from small tables laid out like the end times (a per-action table
-    of floats costs more to build and to fault in than the gathers). An
+    round, as one pair, from a table laid out like the end times (a
+    per-action table of floats costs more to build and to fault in). An
     action's end is max(E[dependency] + message, rank clock) + t_kind, the
     walk's operations on the walk's operands
     (``schedules.walk``), so the floats are the same bit for bit: an action
@@ -248,26 +248,26 @@ def rounds_timing(
     if S > 1:
         np.copyto(mz[1:S], msg)
         mz[1:S][local] = 0.0
-    M = np.zeros(len(E))
-    into = M[:-1].reshape(len(present), rows, nn)
+    # and its cost (the same floats as the walk's t_kind), both by its own cell: one
+    # gather per round reads the pair
+    MT = np.zeros((len(E), 2))
+    into = MT[:-1].reshape(len(present), rows, nn, 2)
     for k, p in at.items():
         if k != Kind.WEIGHT:
             lo = 0 if k == Kind.FORWARD else 1
-            into[p, 1 : S + 1, :n] = mz[lo : lo + S]
-    # the cost of an action, by the row of its own cell (the same floats as the walk's)
-    cost_rows = np.zeros(len(present) * rows)
-    for k, t in zip(Kind, (tf, tb, ti, tw)):
-        if k in at:
-            cost_rows[at[k] * rows + 1 : at[k] * rows + S + 1] = t
+            into[p, 1 : S + 1, :n, 0] = mz[lo : lo + S]
+        into[p, 1 : S + 1, :, 1] = np.asarray((tf, tb, ti, tw)[k], dtype=np.float64)[:, None]
+    MT = MT.view(np.complex128).reshape(-1)
     total = len(schedule)
     cur = first.copy()
     clock = np.zeros(R)
-    d, m, t = np.empty(R), np.empty(R), np.empty(R)
+    d, mt = np.empty(R), np.empty(R, dtype=np.complex128)
+    m, t = mt.real, mt.imag
     sd = np.empty((R, 2), dtype=itype)
     pair = np.int64 if itype == np.int32 else np.complex128
     flat, sdv = pairs.view(pair).reshape(-1), sd.view(pair).reshape(-1)
     oi, di = sd[:, 0], sd[:, 1]
-    cell, row = np.empty(R, dtype=np.intp), np.empty(R, dtype=np.intp)
+    cell = np.empty(R, dtype=np.intp)
     ok = np.empty(R, dtype=bool)
     done, r, base = 0, 0, int(first.sum())
     # mode "clip": the indices are in range by construction (numpy's check costs more)
@@ -275,9 +275,7 @@ def rounds_timing(
         flat.take(cur, out=sdv, mode="clip")
         np.copyto(cell, oi)
         E.take(di, out=d, mode="clip")
-        M.take(cell, out=m, mode="clip")
-        np.floor_divide(cell, nn, out=row)
-        cost_rows.take(row, out=t, mode="clip")
+        MT.take(cell, out=mt, mode="clip")
         np.add(d, m, out=d)
         np.maximum(d, clock, out=d)
         np.add(d, t, out=d)
