@@ -197,3 +197,16 @@ def test_builtin_kernels_only_on_the_builders_own_lists(name):
     mine = Schedule(name, S, n, schedules.build(name, S, n).codes, shape=name)
     assert not mine.builders_lists  # the same shape from elsewhere: not trusted
     assert simulate(mine, tf, tb, msg).method == "walk"
+
+
+@pytest.mark.parametrize("name", ["interleaved-1f1b", "zb-v"])
+def test_rounds_with_64_bit_cells_equals_the_walk(name, monkeypatch):
+    # the 64-bit path (tables of more than 2^31 cells) on a small schedule
+    monkeypatch.setattr(wavefront, "_INT32_CELLS", 0)
+    sch = schedules.build(name, 4, 8)
+    tf, tb, msg, ti, tw = _random_costs(sch, seed=12)
+    by_kind, ends = wavefront.rounds_timing(sch, tf, tb, msg, probe=10**9, ti=ti, tw=tw)
+    ref = simulate(sch, tf, tb, msg, method="walk", t_input=ti, t_weight=tw)
+    assert ends.tolist() == ref.stage_end
+    for a, b in zip(by_kind, ref.by_kind):
+        np.testing.assert_array_equal(a, b)

@@ -20,11 +20,15 @@ so the results are bitwise equal (tested against the walk):
   s + i = d is computed at once from the previous one (strided views of a
   padded matrix, three ufunc calls per diagonal); the backwards likewise
   with the stages reversed, starting from each stage's last forward.
-* ``rounds`` (any valid schedule, e.g. 1F1B): in each round every stage
-  whose next action has its input runs it; a round is a dozen whole-array
-  numpy calls over the S stages. It needs about (length of the longest
-  dependency path) rounds, 2(n + S) for the fill-drain family, so it is
-  abandoned for the walk when a schedule is too serial for it.
+* ``one_f_one_b_steps`` (1F1B): F(s, i) at step 2i + s + 1 and B(s, j) at
+  2S − s + 2j respect every dependency, and a step's actions lie on a few
+  strided lines of padded matrices.
+* ``rounds`` (any valid schedule: interleaved 1F1B, looped BFS, ZB-H1, ZB-V,
+  one's own): in each round every rank whose next action has its input runs
+  it; a round is a dozen numpy calls over the R ranks. It needs as many
+  rounds as the longest dependency path has actions, 2(n + S) for the
+  fill-drain family, so it is abandoned for the walk when a schedule is too
+  serial for it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from hpcpipe.pipeline import schedules
 from hpcpipe.pipeline.schedules import Kind, Schedule
 
 INF = np.inf
+_INT32_CELLS = 2**31  # rounds: 32-bit cells below this many (a test lowers it)
 
 
 # ---------------------------------------------------------------- sequential
@@ -199,7 +204,7 @@ def rounds_timing(
     pad = schedules.place(S + 2, schedules.encode(0, Kind.FORWARD), n)
     order = schedule.order
     # 32-bit codes and cells where they fit (every cell < E's length): half the traffic
-    itype = np.int32 if NK * plane + 1 < 2**31 else np.int64
+    itype = np.int32 if NK * plane + 1 < _INT32_CELLS else np.int64
     # every rank's list followed by one pad: the rank parks there
     codes = np.concatenate([x for o in order for x in (o, [pad])], dtype=itype)
     lengths = np.array([len(o) + 1 for o in order], dtype=np.int64)
