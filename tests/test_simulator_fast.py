@@ -102,7 +102,7 @@ def test_deadlock_is_named_on_the_fast_path_too():
         simulate(bad, [1.0, 1.0], [1.0, 1.0])
 
 
-BUILTIN = [n for n in schedules.SCHEDULES.names() if ":" not in n]
+BUILTIN = schedules.builtin_names()
 # (ranks, items): one rank, one item, n < S, n > S, and sizes where simulate() itself takes
 # a kernel (at least 4096 actions); interleaved-1f1b needs n a multiple of the ranks
 FAST_SIZES = [(1, 1), (1, 4), (4, 1), (2, 6), (3, 3), (4, 8), (5, 10), (16, 128), (64, 64)]
@@ -210,3 +210,11 @@ def test_rounds_with_64_bit_cells_equals_the_walk(name, monkeypatch):
     assert ends.tolist() == ref.stage_end
     for a, b in zip(by_kind, ref.by_kind):
         np.testing.assert_array_equal(a, b)
+
+
+def test_builtin_names_leave_out_schedules_registered_elsewhere(monkeypatch):
+    monkeypatch.setattr(schedules.SCHEDULES, "_entries", dict(schedules.SCHEDULES._entries))
+    schedules.register_schedule("lifo-extra", _lifo)
+    assert "lifo-extra" in schedules.SCHEDULES.names()
+    assert "lifo-extra" not in schedules.builtin_names()
+    assert {"sequential", "gpipe", "1f1b", "zb-v"} <= set(schedules.builtin_names())

@@ -28,10 +28,10 @@ def bench_simulate(
     own (the generic ``rounds``: placed or split-backward ones) are measured
     at S = n = ``stages`` only: at ``big`` their lists alone take gigabytes.
     """
-    from hpcpipe.pipeline.schedules import SCHEDULES
+    from hpcpipe.pipeline.schedules import builtin_names
     from hpcpipe.pipeline.simulator import throughput
 
-    names = [n for n in SCHEDULES.names() if ":" not in n]
+    names = builtin_names()  # not a schedule a user (or a test) registered
     what = (
         f"simulator, random per-stage and per-message costs; S = n = {stages} and "
         f"S = n = {big} (median of {repeats} and {big_repeats}), query S = {query[0]}, "

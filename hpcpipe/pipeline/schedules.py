@@ -871,6 +871,11 @@ register_schedule(
 )
 
 
+def builtin_names() -> list[str]:
+    """The schedules this module registers (not those a user or a test adds), in order."""
+    return [n for n in SCHEDULES.names() if SCHEDULES.get(n).build.__module__ == __name__]
+
+
 def entry(name: str) -> ScheduleEntry:
     """The registry entry of ``name`` (built-in, registered, or package.module:builder)."""
     try:
