@@ -36,10 +36,11 @@ class SimResult:
     """Timing of one schedule: makespan, per-rank end and busy time, every action's end.
 
     end_f[s, i] / end_b[s, i] / end_i[s, i] / end_w[s, i]: end of the F / B /
-    I / W of item i on stage s (NaN or +inf where the stage does not run that
-    kind); ``ends[r]`` lists rank r's end times in its list order (with one
-    stage per rank, rank r is stage r, and ``stage_end`` and ``busy`` are per
-    stage as well). With ``record``, ``waits`` and ``readys`` are the rank
+    I / W of item i on stage s (NaN where the stage does not run that kind;
+    end_i and end_w are None from a kernel of a schedule of F and B only);
+    ``ends[r]`` lists rank r's end times in its list order (with one stage
+    per rank, rank r is stage r, and ``stage_end`` and ``busy`` are per stage
+    as well). With ``record``, ``waits`` and ``readys`` are the rank
     clock before each action and the start of its compute.
     """
 
