@@ -100,3 +100,121 @@ def test_deadlock_is_named_on_the_fast_path_too():
     bad = Schedule.from_lists("bad", 2, lists)
     with pytest.raises(schedules.ScheduleError, match="stage 0 waits at 0B0 for 1B0"):
         simulate(bad, [1.0, 1.0], [1.0, 1.0])
+
+
+BUILTIN = schedules.builtin_names()
+# (ranks, items): one rank, one item, n < S, n > S, and sizes where simulate() itself takes
+# a kernel (at least 4096 actions); interleaved-1f1b needs n a multiple of the ranks
+FAST_SIZES = [(1, 1), (1, 4), (4, 1), (2, 6), (3, 3), (4, 8), (5, 10), (16, 128), (64, 64)]
+
+
+def _random_costs(sch, seed):
+    g = np.random.default_rng(seed)
+    S, n = sch.n_stages, sch.n_items
+    tf, tb, ti, tw = (g.uniform(0.0, 2.0, S) for _ in range(4))
+    msg = g.uniform(0.0, 1.0, (S - 1, n))
+    msg[g.random(msg.shape) < 0.2] = 0.0  # some free messages: ties in the max
+    return tf, tb, msg, ti, tw
+
+
+def _assert_all_equal(got, ref):
+    """Every table (NaN where a kind does not run), rank ends, makespan and busy time."""
+    assert got.makespan == ref.makespan
+    assert got.stage_end == ref.stage_end
+    assert got.busy == ref.busy
+    for a, b in zip(got.by_kind, ref.by_kind):
+        if a is None:  # a kernel of F and B only: the walk ran no I or W either
+            assert np.isnan(b).all()
+        else:
+            np.testing.assert_array_equal(a, b)  # NaN equals NaN here
+    for a, b in zip(got.ends, ref.ends):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize(("P", "n"), FAST_SIZES)
+def test_every_builtin_fast_path_equals_the_walk_bitwise(name, P, n):
+    try:
+        sch = schedules.build(name, P, n)
+    except schedules.ScheduleError:
+        pytest.skip(f"{name} is not defined for {P} ranks and {n} items")
+    tf, tb, msg, ti, tw = _random_costs(sch, seed=P * 1000 + n)
+    ref = simulate(sch, tf, tb, msg, method="walk", t_input=ti, t_weight=tw)
+    got = simulate(sch, tf, tb, msg, t_input=ti, t_weight=tw)
+    _assert_all_equal(got, ref)
+    if P >= 64 and name != "sequential":  # (sequential is too serial for rounds: walked)
+        assert got.method != "walk"  # a kernel ran (rounds needs >= 16 ranks busy a round)
+    # the generic kernel on its own, at every size (simulate walks the small ones)
+    by_kind, ends = wavefront.rounds_timing(sch, tf, tb, msg, probe=10**9, ti=ti, tw=tw)
+    assert ends.tolist() == ref.stage_end
+    for a, b in zip(by_kind, ref.by_kind):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_rounds_with_b_on_some_stages_and_i_w_on_others():
+    # 1F1B whose stage 1 splits every backward into I then W: the gradient stage 0 waits
+    # for comes from an I, the one stage 1 waits for from a B
+    S, n = 3, 5
+    lists = [list(map(str, a)) for a in schedules.one_f_one_b(S, n).actions]
+    lists[1] = [a.replace("B", "I") + (f" 1W{a[2:]}" if "B" in a else "") for a in lists[1]]
+    lists[1] = [x for a in lists[1] for x in a.split()]
+    sch = Schedule.from_lists("mixed", n, lists).validate()
+    tf, tb, msg, ti, tw = _random_costs(sch, seed=9)
+    by_kind, ends = wavefront.rounds_timing(sch, tf, tb, msg, probe=10**9, ti=ti, tw=tw)
+    ref = simulate(sch, tf, tb, msg, method="walk", t_input=ti, t_weight=tw)
+    assert ends.tolist() == ref.stage_end
+    for a, b in zip(by_kind, ref.by_kind):
+        np.testing.assert_array_equal(a, b)
+    assert not np.isnan(by_kind[Kind.INPUT][1]).any() and np.isnan(by_kind[Kind.BACKWARD][1]).all()
+
+
+def test_an_action_listed_twice_is_left_to_the_walk():
+    S, n = 40, 60
+    sch = _lifo(S, n)
+    codes = list(sch.codes)
+    codes[3] = np.concatenate([codes[3], codes[3][-1:]])  # its last B once more
+    dup = Schedule("dup", S, n, codes)
+    tf, tb, msg = _costs(S, n, seed=4)
+    with pytest.raises(schedules.ScheduleError, match="twice"):
+        wavefront.rounds_timing(dup, tf, tb, msg, probe=10**9)
+    got = simulate(dup, tf, tb, msg)
+    assert got.method == "walk"
+    assert got.makespan == simulate(dup, tf, tb, msg, method="walk").makespan
+
+
+@pytest.mark.parametrize("name", ["sequential", "gpipe", "1f1b"])
+def test_builtin_kernels_only_on_the_builders_own_lists(name):
+    S, n = 5, 7
+    tf, tb, msg = _costs(S, n, seed=6)
+    sch = schedules.build(name, S, n)
+    assert sch.builders_lists and simulate(sch, tf, tb, msg).method != "walk"
+    with pytest.raises(ValueError):  # read-only: the lists cannot change under the kernel
+        sch.codes[0][0] = sch.codes[0][1]
+    writable = schedules.build(name, S, n)
+    writable.codes[1].setflags(write=True)
+    assert not writable.builders_lists
+    assert simulate(writable, tf, tb, msg).method == "walk"
+    mine = Schedule(name, S, n, schedules.build(name, S, n).codes, shape=name)
+    assert not mine.builders_lists  # the same shape from elsewhere: not trusted
+    assert simulate(mine, tf, tb, msg).method == "walk"
+
+
+@pytest.mark.parametrize("name", ["interleaved-1f1b", "zb-v"])
+def test_rounds_with_64_bit_cells_equals_the_walk(name, monkeypatch):
+    # the 64-bit path (tables of more than 2^31 cells) on a small schedule
+    monkeypatch.setattr(wavefront, "_INT32_CELLS", 0)
+    sch = schedules.build(name, 4, 8)
+    tf, tb, msg, ti, tw = _random_costs(sch, seed=12)
+    by_kind, ends = wavefront.rounds_timing(sch, tf, tb, msg, probe=10**9, ti=ti, tw=tw)
+    ref = simulate(sch, tf, tb, msg, method="walk", t_input=ti, t_weight=tw)
+    assert ends.tolist() == ref.stage_end
+    for a, b in zip(by_kind, ref.by_kind):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_builtin_names_leave_out_schedules_registered_elsewhere(monkeypatch):
+    monkeypatch.setattr(schedules.SCHEDULES, "_entries", dict(schedules.SCHEDULES._entries))
+    schedules.register_schedule("lifo-extra", _lifo)
+    assert "lifo-extra" in schedules.SCHEDULES.names()
+    assert "lifo-extra" not in schedules.builtin_names()
+    assert {"sequential", "gpipe", "1f1b", "zb-v"} <= set(schedules.builtin_names())

@@ -107,6 +107,15 @@ def codes_of(placed, n_items: int):
     return placed % n_codes(n_items)
 
 
+def keys_of(placed, n_items: int):
+    """stage·n_items + item of each placed code (its kind is ``kinds(placed)``).
+
+    A placed code is N_KINDS·(stage·n_items + item) + kind, so one division
+    gives the (stage, item) cell of a per-kind (S, n) table.
+    """
+    return placed // N_KINDS
+
+
 def per_kind(by_code: np.ndarray) -> tuple[np.ndarray, ...]:
     """Views (one per ``Kind``, shape (S, n)) of an (S, n_codes) array indexed by action code."""
     v = by_code.reshape(by_code.shape[0], -1, N_KINDS)
@@ -260,7 +269,28 @@ class Schedule:
         self.wrong_stage: list[tuple[int, Action]] = []
         # the built-in builder that made these lists ("" otherwise): the simulator
         # then tries that builder's kernel, after checking the lists are still its own
+        # (``builders_lists``)
         self.shape = shape
+        self._built: tuple[np.ndarray, ...] | None = None
+
+    def _sealed(self) -> Schedule:
+        """Mark the lists as the builder's own (built-in builders only): read-only, and
+        remembered, so that ``builders_lists`` can tell they are unchanged."""
+        for c in self.codes:
+            c.setflags(write=False)
+        self._built = self.codes
+        return self
+
+    @property
+    def builders_lists(self) -> bool:
+        """True while ``codes`` are still the (read-only) arrays the builder of ``shape``
+        made: neither replaced nor made writable again. O(S), without reading the lists."""
+        return (
+            self._built is not None
+            and self.codes is self._built
+            and len(self.codes) == self.n_stages
+            and not any(c.flags.writeable for c in self.codes)
+        )
 
     @property
     def n_ranks(self) -> int:
@@ -383,7 +413,7 @@ def sequential(n_stages: int, n_items: int) -> Schedule:
     codes = np.empty(2 * n_items, dtype=np.int64)
     codes[0::2] = encode(_i(n_items), Kind.FORWARD)
     codes[1::2] = encode(_i(n_items), Kind.BACKWARD)
-    return Schedule("sequential", n_stages, n_items, [codes] * n_stages, "sequential")
+    return Schedule("sequential", n_stages, n_items, [codes] * n_stages, "sequential")._sealed()
 
 
 def gpipe(n_stages: int, n_items: int) -> Schedule:
@@ -391,7 +421,7 @@ def gpipe(n_stages: int, n_items: int) -> Schedule:
     _check_sizes(n_stages, n_items)
     i = _i(n_items)
     codes = np.concatenate([encode(i, Kind.FORWARD), encode(i, Kind.BACKWARD)])
-    return Schedule("gpipe", n_stages, n_items, [codes] * n_stages, "gpipe")
+    return Schedule("gpipe", n_stages, n_items, [codes] * n_stages, "gpipe")._sealed()
 
 
 def one_f_one_b(n_stages: int, n_items: int) -> Schedule:
@@ -413,7 +443,7 @@ def one_f_one_b(n_stages: int, n_items: int) -> Schedule:
         warm = encode(_i(w), Kind.FORWARD)
         cool = encode(_i(n_items, steady), Kind.BACKWARD)
         lists.append(np.concatenate([warm, mid, cool]))
-    return Schedule("1f1b", n_stages, n_items, lists, "1f1b")
+    return Schedule("1f1b", n_stages, n_items, lists, "1f1b")._sealed()
 
 
 def _rank_schedule(
@@ -839,6 +869,11 @@ register_schedule(
     closed_form=zb_v_time,
     closed_form_note="empirical: c = 0, n >= 2P - 1, t_F = t_I = t_W",
 )
+
+
+def builtin_names() -> list[str]:
+    """The schedules this module registers (not those a user or a test adds), in order."""
+    return [n for n in SCHEDULES.names() if SCHEDULES.get(n).build.__module__ == __name__]
 
 
 def entry(name: str) -> ScheduleEntry:

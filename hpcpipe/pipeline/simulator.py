@@ -36,10 +36,11 @@ class SimResult:
     """Timing of one schedule: makespan, per-rank end and busy time, every action's end.
 
     end_f[s, i] / end_b[s, i] / end_i[s, i] / end_w[s, i]: end of the F / B /
-    I / W of item i on stage s (NaN or +inf where the stage does not run that
-    kind); ``ends[r]`` lists rank r's end times in its list order (with one
-    stage per rank, rank r is stage r, and ``stage_end`` and ``busy`` are per
-    stage as well). With ``record``, ``waits`` and ``readys`` are the rank
+    I / W of item i on stage s (NaN where the stage does not run that kind;
+    end_i and end_w are None from a kernel of a schedule of F and B only);
+    ``ends[r]`` lists rank r's end times in its list order (with one stage
+    per rank, rank r is stage r, and ``stage_end`` and ``busy`` are per stage
+    as well). With ``record``, ``waits`` and ``readys`` are the rank
     clock before each action and the start of its compute.
     """
 
@@ -138,42 +139,71 @@ def _stage_costs(t, S: int, what: str) -> np.ndarray:
 
 
 def _fast(schedule, tf, tb, msg, ti, tw):
-    """End times by kind (F, B, I, W) and the method, or None when only the walk applies.
+    """End times by kind (F, B, I, W), each rank's end (or None) and the method; or None
+    when only the walk applies.
 
     Each kernel repeats the walk's floating-point operations in the same
     order (bitwise equal; tested): ``chain`` for sequential (costs >= 0, where
     the max provably picks the dependency), ``fill_drain`` for GPipe,
     ``one_f_one_b_steps`` for 1F1B, and ``rounds`` for any other schedule
-    unless it is too serial. The built-in kernels run only on the exact lists
-    their builder makes (checked).
+    unless it is too serial. The built-in kernels run only on the lists their
+    builder made (``Schedule.builders_lists``: the same read-only arrays). Costs
+    must be finite: NaN compares differently in max() and in the walk, and the
+    rounds kernel reads +inf as "not run yet".
     """
-    S, n = schedule.n_stages, schedule.n_items
-    if any(np.isnan(a).any() for a in (tf, tb, msg, ti, tw)):
-        return None  # max() and the walk's comparison treat NaN differently
-    shape = getattr(schedule, "shape", "") if schedule.one_stage_per_rank else ""
+    n = schedule.n_items
+    if not all(np.isfinite(a).all() for a in (tf, tb, msg, ti, tw)):
+        return None
+    own = schedule.one_stage_per_rank and schedule.builders_lists
+    shape = schedule.shape if own and all(len(c) == 2 * n for c in schedule.codes) else ""
     fb = None
-    if shape == "sequential" and wavefront.same_lists(schedule, schedules.sequential(S, n)):
-        if min(tf.min(), tb.min(), msg.min(initial=0.0)) >= 0:
-            fb = (*wavefront.chain(tf, tb, msg), "chain")
-    if shape == "gpipe" and wavefront.same_lists(schedule, schedules.gpipe(S, n)):
+    if shape == "sequential" and min(tf.min(), tb.min(), msg.min(initial=0.0)) >= 0:
+        fb = (*wavefront.chain(tf, tb, msg), "chain")
+    if shape == "gpipe":
         fb = (*wavefront.fill_drain(tf, tb, msg, n), "fill-drain")
-    if shape == "1f1b" and wavefront.same_lists(schedule, schedules.one_f_one_b(S, n)):
+    if shape == "1f1b":
         fb = (*wavefront.one_f_one_b_steps(tf, tb, msg, n), "1f1b-steps")
     if fb is not None:
-        return fb[0], fb[1], None, None, fb[2]
+        return fb[0], fb[1], None, None, None, fb[2]
     if len(schedule) < SMALL:
         return None  # small enough for the walk
     try:
-        return (*wavefront.rounds_by_kind(schedule, tf, tb, msg, ti=ti, tw=tw), "rounds")
+        by_kind, clock = wavefront.rounds_timing(schedule, tf, tb, msg, ti=ti, tw=tw)
     except (wavefront.TooSerial, schedules.ScheduleError):
         return None  # the walk times it, or names the deadlock
+    return (*by_kind, clock.tolist(), "rounds")
 
 
-def _busy(schedule, tf, tb, ti, tw) -> list[float]:
-    """Busy time per rank: Σ over its stages of n(t_F + t_B), or n(t_F + t_I + t_W) on a
-    stage that splits its backward (every item runs once per stage)."""
+def _last_ends(schedule, by_kind) -> list[float]:
+    """End of each rank's last action (0.0 for an empty list), read from the tables."""
     n = schedule.n_items
-    split = [bool(np.any(schedules.kinds(c) == schedules.Kind.INPUT)) for c in schedule.codes]
+    last = np.array([o[-1] if len(o) else -1 for o in schedule.order], dtype=np.int64)
+    out = np.zeros(len(last))
+    ran = last >= 0
+    key, kind = schedules.keys_of(last[ran], n), schedules.kinds(last[ran])
+    got = np.empty(len(key))
+    for k, table in enumerate(by_kind):
+        mine = kind == k
+        if table is not None and mine.any():
+            got[mine] = table[key[mine] // n, key[mine] % n]
+    out[ran] = got
+    return out.tolist()
+
+
+def _busy(schedule, tf, tb, ti, tw, end_i=False) -> list[float]:
+    """Busy time per rank: Σ over its stages of n(t_F + t_B), or n(t_F + t_I + t_W) on a
+    stage that splits its backward (every item runs once per stage).
+
+    A stage splits when it runs an I: ``end_i`` (the I end times, NaN where none
+    ran; None when no stage runs one) says so without reading the lists again.
+    """
+    n = schedule.n_items
+    if end_i is None:
+        split = [False] * schedule.n_stages
+    elif isinstance(end_i, np.ndarray):
+        split = (~np.isnan(end_i)).any(axis=1).tolist()
+    else:
+        split = [bool(np.any(schedules.kinds(c) == schedules.Kind.INPUT)) for c in schedule.codes]
     per_stage = [
         n * (tf[s] + ti[s] + tw[s]) if split[s] else n * (tf[s] + tb[s])
         for s in range(schedule.n_stages)
@@ -216,18 +246,16 @@ def simulate(
         ti, tw = _stage_costs(t_input, S, "t_input"), _stage_costs(t_weight, S, "t_weight")
     msg = _messages(message, S, n)
     fast = None if (record or method == "walk") else _fast(schedule, tf, tb, msg, ti, tw)
-    busy = _busy(schedule, tf, tb, ti, tw)
     if fast is not None:
-        *by_kind, how = fast
-        stage_end = []
-        for o in schedule.order:
-            s = int(schedules.stages_of(o[-1], n))
-            c = int(schedules.codes_of(o[-1], n))
-            stage_end.append(float(by_kind[int(schedules.kinds(c))][s, int(schedules.items(c))]))
+        *by_kind, stage_end, how = fast
+        busy = _busy(schedule, tf, tb, ti, tw, by_kind[2])
+        if stage_end is None:
+            stage_end = _last_ends(schedule, by_kind)
         return SimResult(
             schedule, max(stage_end), stage_end, busy, by_kind[0], by_kind[1], how,
             end_i=by_kind[2], end_w=by_kind[3],
         )  # fmt: skip
+    busy = _busy(schedule, tf, tb, ti, tw, end_i=False)
     out = schedules.walk(schedule, tf, tb, msg, record, ti, tw)
     clock, ends = out[0], [np.asarray(e) for e in out[1]]
     by_kind = tuple(np.full((S, n), np.nan) for _ in schedules.Kind)
@@ -305,24 +333,30 @@ def gantt_rows(res: SimResult) -> list[list[tuple[float, float, str, int]]]:
 
 def throughput(
     n_stages: int = 1024, n_items: int = 1024, name: str = "gpipe", seed: int = 0
-) -> tuple[int, float, float, str]:
-    """(actions, wall seconds, CPU seconds, kernel) to simulate one schedule.
+) -> tuple[int, float, float, str, float]:
+    """(actions, wall seconds, CPU seconds, kernel, build seconds) of one schedule.
 
     Per-stage costs and per-(boundary, item) message costs are random (no
-    kernel depends on them being uniform); the schedule is built before the
-    clocks start. CPU time is this process's; on a shared machine it shows
-    the work when the wall clock also counts waiting for a core.
+    kernel depends on them being uniform). The clocks time one ``simulate``
+    call on a freshly built schedule: everything the simulator does for it
+    (cost checks, the choice of kernel, every table the kernel builds, the
+    result); building the schedule comes before and is timed on its own
+    (wall, the last figure). CPU time is this process's: on a shared machine
+    the wall clock also counts waiting for a core, so the two differ by the
+    load, not by threads (the simulator runs on one).
     """
     import time
 
     g = np.random.default_rng(seed)
+    b0 = time.perf_counter()
     sch = schedules.build(name, n_stages, n_items)
+    build = time.perf_counter() - b0
     S = sch.n_stages  # n_stages ranks may hold more stages (interleaved, V)
     tf, tb = g.uniform(0.5, 1.5, S), g.uniform(1.0, 3.0, S)
     msg = g.uniform(0.0, 0.2, (S - 1, n_items))
     t0, c0 = time.perf_counter(), time.process_time()
     res = simulate(sch, tf, tb, msg)
-    return len(sch), time.perf_counter() - t0, time.process_time() - c0, res.method
+    return len(sch), time.perf_counter() - t0, time.process_time() - c0, res.method, build
 
 
 __all__ = [

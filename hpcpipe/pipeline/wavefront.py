@@ -20,11 +20,15 @@ so the results are bitwise equal (tested against the walk):
   s + i = d is computed at once from the previous one (strided views of a
   padded matrix, three ufunc calls per diagonal); the backwards likewise
   with the stages reversed, starting from each stage's last forward.
-* ``rounds`` (any valid schedule, e.g. 1F1B): in each round every stage
-  whose next action has its input runs it; a round is a dozen whole-array
-  numpy calls over the S stages. It needs about (length of the longest
-  dependency path) rounds, 2(n + S) for the fill-drain family, so it is
-  abandoned for the walk when a schedule is too serial for it.
+* ``one_f_one_b_steps`` (1F1B): F(s, i) at step 2i + s + 1 and B(s, j) at
+  2S − s + 2j respect every dependency, and a step's actions lie on a few
+  strided lines of padded matrices.
+* ``rounds`` (any valid schedule: interleaved 1F1B, looped BFS, ZB-H1, ZB-V,
+  one's own): in each round every rank whose next action has its input runs
+  it; a round is a dozen numpy calls over the R ranks. It needs as many
+  rounds as the longest dependency path has actions, 2(n + S) for the
+  fill-drain family, so it is abandoned for the walk when a schedule is too
+  serial for it.
 """
 
 from __future__ import annotations
@@ -35,13 +39,7 @@ from hpcpipe.pipeline import schedules
 from hpcpipe.pipeline.schedules import Kind, Schedule
 
 INF = np.inf
-
-
-def same_lists(schedule: Schedule, expected: Schedule) -> bool:
-    """True when ``schedule`` has exactly the action lists of ``expected``."""
-    return len(schedule.codes) == len(expected.codes) and all(
-        np.array_equal(a, b) for a, b in zip(schedule.codes, expected.codes)
-    )
+_INT32_CELLS = 2**31  # rounds: 32-bit cells below this many (a test lowers it)
 
 
 # ---------------------------------------------------------------- sequential
@@ -148,99 +146,174 @@ def rounds_by_kind(
 ):
     """End times by kind (end_f, end_b, end_i, end_w), each (S, n), of any complete schedule.
 
-    One action per ready rank per round. End times are kept by placed code
-    (stage, action code); the dependency of each list position comes from
-    ``schedules.dependency`` (a gradient dependency names the B or the I that
-    the producing stage runs), with no message cost between two stages of one
-    rank. Raises TooSerial when, after ``probe`` rounds, fewer than
-    ``min_per_round`` actions ran per round on average (the walk is then
-    faster), and ScheduleError when no rank can move (a deadlock: the walk
-    names the actions). Entries of actions a stage does not run are +inf.
+    See ``rounds_timing``; entries of actions a stage does not run are NaN, as
+    in the walk.
+    """
+    return rounds_timing(schedule, tf, tb, msg, probe, min_per_round, ti, tw)[0]
+
+
+def rounds_timing(
+    schedule: Schedule,
+    tf: np.ndarray,
+    tb: np.ndarray,
+    msg: np.ndarray,
+    probe: int | None = None,
+    min_per_round: float = 16.0,
+    ti: np.ndarray | None = None,
+    tw: np.ndarray | None = None,
+):
+    """((end_f, end_b, end_i, end_w), rank ends) of any complete schedule, by rounds.
+
+    In each round every rank whose next action has its input runs it: a
+    dozen numpy calls over the R ranks, whatever the schedule. Per action,
+    only its own cell and its dependency's cell are computed beforehand (8
+    bytes with 32-bit cells); its message and its cost are gathered in the
+    round, as one pair, from a table laid out like the end times (a
+    per-action table of floats costs more to build and to fault in). An
+    action's end is max(E[dependency] + message, rank clock) + t_kind, the
+    walk's operations on the walk's operands
+    (``schedules.walk``), so the floats are the same bit for bit: an action
+    without a dependency reads a -inf cell (max(-inf + c, clock) = clock), a
+    waiting one reads +inf (its dependency has not run) and moves on only once
+    that cell is written.
+
+    End times live in one (S + 4, nn) table per kind that occurs, indexed by
+    (stage, item): row s + 1 is stage s, rows 0 and S + 1 are -inf (the
+    dependencies of stage 0's forwards and of the last stage's gradients), row
+    S + 2 is +inf (a cell no rank writes: where a rank past its list waits)
+    and row S + 3 is where it writes. A gradient dependency reads the table of
+    the kind its stage sends it with (B, or I where it splits its backward). A
+    hand-off between two stages of one rank costs no message.
+
+    Raises TooSerial when, after ``probe`` rounds, fewer than ``min_per_round``
+    actions ran per round on average (the walk is then faster), and
+    ScheduleError when no rank can move (a deadlock or a missing action: the
+    walk names it) or when an action appears twice (the walk's order decides
+    which one a consumer reads).
     """
     S, n, R = schedule.n_stages, schedule.n_items, schedule.n_ranks
     probe = 2 * R + 64 if probe is None else probe
     if ti is None or tw is None:
         ti, tw = schedules.split_backward(tb)
-    NC = schedules.n_codes(n)
+    NK = schedules.N_KINDS
+    rows = S + 4
+    # a table row is nn >= n floats, nn = 8 mod 16: an odd number of cache lines, so
+    # that the cells of one round (in different rows) fall in different cache sets
+    nn = n + (8 - n) % 16
+    plane = rows * nn
+    pad = schedules.place(S + 2, schedules.encode(0, Kind.FORWARD), n)
     order = schedule.order
-    lengths = np.array([len(o) for o in order])
-    L = int(lengths.max())
-    never, none = S * NC, S * NC + 1  # E[never] = +inf (waits forever), E[none] = -inf
-    # per action, in rank order (no padding): its placed code, stage, kind and item
-    placed = np.concatenate(order) if len(order) else np.zeros(0, np.int64)
-    stage = schedules.stages_of(placed, n)
-    codes = placed - stage * NC
-    kind, item = schedules.kinds(codes), schedules.items(codes)
-    # the kind that sends stage s's gradient of item i: B, or I where the stage splits
-    grad = np.full((S + 1, n), int(Kind.BACKWARD), dtype=np.int64)
-    is_i = kind == Kind.INPUT
-    grad[stage[is_i], item[is_i]] = int(Kind.INPUT)
-    local = np.concatenate([schedules.local_hops(schedule), [True]])
-    msg0 = np.zeros((S, n))  # row S - 1 stays zero: "no message"
-    msg0[: S - 1] = np.where(local[: S - 1, None], 0.0, msg)
-    # per kind, from the one dependency rule: stage offset of the producer, whether the
-    # message is the gradient (its sending kind looked up in ``grad``), the sending kind
-    offset = np.zeros(schedules.N_KINDS, dtype=np.int64)
-    has = np.zeros(schedules.N_KINDS, dtype=bool)
-    sender = np.zeros(schedules.N_KINDS, dtype=np.int64)
-    for k in Kind:
-        d = schedules.DEPENDENCY[k]
-        if d is not None:
-            offset[k], has[k], sender[k] = d[0], True, int(d[1])
-    costs = np.stack([np.asarray(t, dtype=np.float64) for t in (tf, tb, ti, tw)])
-    tcost_a = costs[kind, stage]  # a selection: the same floats as the walk's t_kind
-    ds = stage + offset[kind]
-    valid = has[kind] & (ds >= 0) & (ds < S)
-    dsv, iv, kv = ds[valid], item[valid], kind[valid]
-    dk = sender[kv]
-    grad_msg = dk == int(Kind.BACKWARD)
-    dk[grad_msg] = grad[dsv[grad_msg], iv[grad_msg]]
-    dep_a = np.full(len(placed), none, dtype=np.int64)
-    dep_a[valid] = dsv * NC + schedules.encode(iv, dk)
-    mcost_a = np.zeros(len(placed))
-    mcost_a[valid] = msg0[np.minimum(stage[valid], dsv), iv]
-    # the (R, L + 1) tables, position-major per rank; a rank past its list (and the
-    # extra column) parks on a cell that waits forever
-    at = np.repeat(np.arange(R, dtype=np.int64) * (L + 1), lengths)
-    at += np.arange(len(placed), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    # paired columns, so that one gather per round reads both: (dependency slot, own
-    # slot) and (message cost, compute cost)
-    slots = np.full((R * (L + 1), 2), never, dtype=np.int64)
-    slots[at, 0] = dep_a
-    slots[at, 1] = placed
-    cost = np.zeros((R * (L + 1), 2))
-    cost[at, 0] = mcost_a
-    cost[at, 1] = tcost_a
-    E = np.full(S * NC + 2, INF)
+    # 32-bit codes and cells where they fit (every cell < E's length): half the traffic
+    itype = np.int32 if NK * plane + 1 < _INT32_CELLS else np.int64
+    # every rank's list followed by one pad: the rank parks there
+    codes = np.concatenate([x for o in order for x in (o, [pad])], dtype=itype)
+    lengths = np.array([len(o) + 1 for o in order], dtype=np.int64)
+    first = np.cumsum(lengths) - lengths
+    kind = schedules.kinds(codes)
+    kinds_run = np.bincount(kind, minlength=NK)
+    kinds_run[Kind.FORWARD] -= R  # the pads
+    present = [k for k in Kind if kinds_run[k] > 0 or k == Kind.FORWARD]
+    at = {k: p for p, k in enumerate(present)}
+    E = np.full(len(present) * plane + 1, INF)
+    none = len(E) - 1  # E[none] = -inf: no dependency
     E[none] = -INF
-    first = np.arange(R) * (L + 1)
+    tables = E[:-1].reshape(len(present), rows, nn)
+    tables[:, 0] = -INF
+    tables[:, S + 1] = -INF
+    off = np.zeros(NK, dtype=np.int64)  # own cell = off[kind] + stage·nn + item
+    for k, p in at.items():
+        off[k] = p * plane + nn
+    # per action (rank by rank, each list followed by its pad): its own cell and its
+    # dependency's cell, the row above (F) or below (B, I) in the sender's table
+    key = schedules.keys_of(codes, n)  # stage·n + item
+    key += (key // n) * (nn - n)  # stage·nn + item
+    pairs = np.empty((len(codes), 2), dtype=itype)
+    own, dep = pairs[:, 0], pairs[:, 1]
+    np.add(key, off.astype(itype).take(kind, mode="clip"), out=own)
+    grad = [k for k in (Kind.BACKWARD, Kind.INPUT) if k in at]
+    delta = np.zeros(NK, dtype=itype)
+    delta[Kind.FORWARD] = -nn
+    if len(grad) == 1:
+        delta[grad[0]] = nn
+    np.add(own, delta.take(kind, mode="clip"), out=dep)
+    if len(grad) == 2:  # B on some stages and I on others: the sender per (stage, item)
+        sender = np.full(plane, off[Kind.BACKWARD], dtype=itype)
+        is_i = kind == Kind.INPUT
+        sender[key[is_i]] = off[Kind.INPUT]
+        mine = (kind == Kind.BACKWARD) | is_i
+        up = key[mine] + nn
+        dep[mine] = up + sender.take(up, mode="clip")
+    if Kind.WEIGHT in at:
+        np.copyto(dep, none, where=kind == Kind.WEIGHT)
+    del kind, key
+    # the message an action receives, in a table laid out like E: boundary s - 1 for a
+    # forward, s for a gradient (rows b + 1 of ``mz``; 0 elsewhere: a W or a pad adds it
+    # to -inf or +inf)
+    local = schedules.local_hops(schedule)
+    mz = np.zeros((S + 1, n))
+    if S > 1:
+        np.copyto(mz[1:S], msg)
+        mz[1:S][local] = 0.0
+    # and its cost (the same floats as the walk's t_kind), both by its own cell: one
+    # gather per round reads the pair
+    MT = np.zeros((len(E), 2))
+    into = MT[:-1].reshape(len(present), rows, nn, 2)
+    for k, p in at.items():
+        if k != Kind.WEIGHT:
+            lo = 0 if k == Kind.FORWARD else 1
+            into[p, 1 : S + 1, :n, 0] = mz[lo : lo + S]
+        into[p, 1 : S + 1, :, 1] = np.asarray((tf, tb, ti, tw)[k], dtype=np.float64)[:, None]
+    MT = MT.view(np.complex128).reshape(-1)
+    total = len(schedule)
     cur = first.copy()
     clock = np.zeros(R)
-    d = np.empty(R)
-    sl, mt = np.empty((R, 2), dtype=np.int64), np.empty((R, 2))
-    di, oi, m, t = sl[:, 0], sl[:, 1], mt[:, 0], mt[:, 1]
+    d, mt = np.empty(R), np.empty(R, dtype=np.complex128)
+    m, t = mt.real, mt.imag
+    sd = np.empty((R, 2), dtype=itype)
+    pair = np.int64 if itype == np.int32 else np.complex128
+    flat, sdv = pairs.view(pair).reshape(-1), sd.view(pair).reshape(-1)
+    # both as native contiguous indices (one copy): numpy gathers and scatters faster
+    native = np.empty((2, R), dtype=np.intp)
+    cell, di = native[0], native[1]
     ok = np.empty(R, dtype=bool)
-    total, done, r = int(lengths.sum()), 0, 0
+    done, r, base = 0, 0, int(first.sum())
+    # mode "clip": the indices are in range by construction (numpy's check costs more)
     while done < total:
-        np.take(slots, cur, axis=0, out=sl)
-        np.take(E, di, out=d)
-        np.take(cost, cur, axis=0, out=mt)
+        flat.take(cur, out=sdv, mode="clip")
+        np.copyto(native, sd.T)
+        E.take(di, out=d, mode="clip")
+        MT.take(cell, out=mt, mode="clip")
         np.add(d, m, out=d)
         np.maximum(d, clock, out=d)
         np.add(d, t, out=d)
-        E[oi] = d  # a rank that waits writes +inf over its own +inf
+        E[cell] = d  # a rank that waits writes +inf over its own +inf
         np.less(d, INF, out=ok)
         np.copyto(clock, d, where=ok)
-        cur += ok
+        np.add(cur, ok, out=cur)
         r += 1
         if r % 16 == 0 or r == probe:
-            now = int(cur.sum() - first.sum())
+            now = int(cur.sum()) - base
             if now == done:
                 raise schedules.ScheduleError("schedule deadlocks")
             done = now
             if r == probe and done < min_per_round * r:
                 raise TooSerial(done, r)
-    return schedules.per_kind(E[: S * NC].reshape(S, NC))
+    out = []
+    written = 0
+    for k in Kind:
+        if k not in at:
+            out.append(np.full((S, n), np.nan))
+            continue
+        e = tables[at[k], 1 : S + 1, :n]
+        unrun = e == INF
+        missing = int(np.count_nonzero(unrun))
+        written += e.size - missing
+        if missing:
+            np.copyto(e, np.nan, where=unrun)
+        out.append(e)
+    if written != total:
+        raise schedules.ScheduleError("an action appears twice")
+    return tuple(out), clock
 
 
 # ---------------------------------------------------------------- 1F1B
