@@ -251,6 +251,24 @@ def test_new_x_uses_householder_layers_and_the_reduced_route():
     assert all([int(t[1]["depth"]) for t in g] == [2, 64, 4096] for g in groups)
 
 
+def test_deep_dense_points_of_one_chain_share_a_process_deepest_first():
+    """The chain Q₁⋯Q_Δ is built once per process: the dense points at depth >= 128 of one
+    (problem, d, seed) form one group, deepest first; shallower ones stay on their own."""
+    from hpcpipe.studies.depth_runs import SHARED_CHAIN_DEPTH, groups_of, theory_points
+
+    plan = DepthPlan(xs=(32.0, 64.0), depths=(2, 128, 512, 2048), tuned=False)
+    items = [(lb, v, lb) for lb, v in theory_points(plan)]
+    groups = groups_of(items)
+    assert sorted(lb for g in groups for lb, _, _ in g) == sorted(lb for lb, _, _ in items)
+    shared = [g for g in groups if len(g) > 1]
+    assert len(shared) == 2  # one per x (its own d): every method's deep points together
+    for g in shared:
+        assert len({t[1]["dim"] for t in g}) == 1 and len(g) == 3 * 3
+        depths = [int(t[1]["depth"]) for t in g]
+        assert depths == sorted(depths, reverse=True) and min(depths) >= SHARED_CHAIN_DEPTH
+    assert all(int(g[0][1]["depth"]) == 2 for g in groups if len(g) == 1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "fault,row",

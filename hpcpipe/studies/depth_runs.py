@@ -291,18 +291,33 @@ def run_group(group: list[tuple[str, dict, str]]) -> list[dict]:
         clear_memo()
 
 
+SHARED_CHAIN_DEPTH = 128  # dense points this deep share one process per chain (groups_of)
+
+
 def groups_of(items: list[tuple[str, dict, str]]) -> list[list[tuple[str, dict, str]]]:
-    """One group per point, except the reduced points: one group per (tag, method, x, settings
-    but the depth)."""
-    out, reduced = [], {}
+    """The points in groups, each group run in one process (``run_group``):
+
+    * a reduced point: one group per (tag, method, x, settings but the depth), shallowest
+      first (the point at Δ₀ computes the calls the deeper ones reuse);
+    * a dense simulated point at depth >= SHARED_CHAIN_DEPTH: one group per chain
+      (problem, d, seed), deepest first. Building Q = Q₁⋯Q_Δ costs Δ QR factorisations
+      of d × d (``simulated.builtin_chain_matrix``) and the process keeps its prefixes,
+      so the deepest point builds the chain once and the others reuse it, where two
+      workers would each build it (x = 64: 2048 blocks of 256 × 256);
+    * any other point: a group of its own.
+    """
+    out, reduced, chains = [], {}, {}
     for item in items:
         v = item[1]
-        if v.get("executor") != "reduced":
+        if v.get("executor") == "reduced":
+            key = json.dumps({k: w for k, w in v.items() if k != "depth"}, sort_keys=True)
+            reduced.setdefault(key, []).append(item)
+        elif v.get("layers") == "dense" and int(v.get("depth", 1)) >= SHARED_CHAIN_DEPTH:
+            key = json.dumps([v.get("problem"), v.get("dim"), v.get("seed")])
+            chains.setdefault(key, []).append(item)
+        else:
             out.append([item])
-            continue
-        key = json.dumps({k: w for k, w in v.items() if k != "depth"}, sort_keys=True)
-        reduced.setdefault(key, []).append(item)
-    # shallowest first: the point at Δ₀ computes the calls the deeper ones reuse
+    out += [sorted(g, key=lambda t: -int(t[1]["depth"])) for g in chains.values()]
     return out + [sorted(g, key=lambda t: int(t[1]["depth"])) for g in reduced.values()]
 
 
