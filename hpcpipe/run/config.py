@@ -519,9 +519,9 @@ def validate(cfg: RunConfig, n_ranks: int | None = None, check_output: bool = Tr
 
 def _check_schedule(cfg: RunConfig, n_ranks: int | None) -> None:
     """A built-in schedule must build for this run: its stage count fits the depth, and
-    the builder's own rules hold (e.g. items a multiple of the ranks for
-    interleaved-1f1b). Every built-in runs on MPI; a placement of several stages
-    per rank with the weights as variable is refused when the engine is built."""
+    the builder's own rules hold (e.g. interleaved-1f1b's rounds must split the items).
+    Every built-in runs on MPI; a placement of several stages per rank with the weights
+    as variable is refused when the engine is built."""
     from hpcpipe.pipeline.schedules import ScheduleError, build
 
     if ":" in str(cfg.schedule) or cfg.schedule not in SCHEDULES.names():
