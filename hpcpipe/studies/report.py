@@ -211,9 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         if v.kind != "claim" and v.ok is False and not v.not_enforced
     ]
     n = sum(len(r.verdicts) for r in results)
-    print(
-        f"wrote {path}: {len(results)} studies, {n} verdict rows, {len(bad)} enforced rows failed"
-    )
+    studies = f"{len(results)} stud{'y' if len(results) == 1 else 'ies'}"
+    print(f"wrote {path}: {studies}, {n} verdict rows, {len(bad)} enforced rows failed")
     for v in bad:
         print(f"{v.word} [{v.study}] {v.claim}: {v.measured} (bound: {v.bound})")
     if not results:
