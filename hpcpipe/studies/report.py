@@ -190,7 +190,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hpcpipe.run.config import path_error
+
     args = parser().parse_args(argv)
+    bad = [path_error("results folder", d, write=False) for d in args.dirs]
+    bad += [path_error("-o", args.out, write=True)]
+    for err in filter(None, bad):
+        print(f"hpcpipe analyze: {err}", file=sys.stderr)
+        return 2
     for d in args.dirs:
         if not Path(d).is_dir():
             what = "is a file, not a folder" if Path(d).exists() else "does not exist"
