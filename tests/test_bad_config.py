@@ -154,8 +154,8 @@ def test_output_paths_refused_up_front(tmp_path, capsys, monkeypatch):
     os.symlink(tmp_path / "nowhere.h5", tmp_path / "dangling.h5")
     os.symlink(tmp_path / "nowhere", tmp_path / "dlink")
     cases = [
-        (tmp_path / "afile" / "r.h5", "is a file or a dangling link, not a folder"),
-        (tmp_path / "afile" / "deeper" / "r.h5", "is a file or a dangling link, not a folder"),
+        (tmp_path / "afile" / "r.h5", "a part of it is a file, not a folder"),
+        (tmp_path / "afile" / "deeper" / "r.h5", "a part of it is a file, not a folder"),
         (tmp_path / "dangling.h5", "is a dangling symbolic link"),
         (tmp_path / "dlink" / "r.h5", "is a file or a dangling link, not a folder"),
         (tmp_path, "is a folder: give a file name"),

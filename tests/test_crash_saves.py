@@ -8,7 +8,6 @@ case must resume (never "the state runs ahead of the rows") and reach the uninte
 run's final iterate, losses and model-clock pipeline times bitwise.
 """
 
-import os
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from _procs import ENV, SMALL, cli_args
 from mpi4py import MPI
 
 from hpcpipe.cli.launch import mpiexec_command
@@ -28,21 +28,7 @@ from hpcpipe.run.config import make_config
 from hpcpipe.run.results import load, read_state
 from hpcpipe.run.runner import run
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-SMALL = dict(
-    problem="l1-chain",
-    depth=2,
-    dim=6,
-    optimizer="pprs",
-    samples=2,
-    gamma=0.05,
-    lr=0.05,
-    iterations=8,
-    flush_every=2,
-    clock="model",
-    progress="off",
-)
-ARGS = [w for k, v in SMALL.items() for w in (f"--{k}", str(v))]
+ARGS = cli_args(SMALL)
 # the steps of one save, in order (Run.flush, then Writer.save_state)
 POINTS = (
     "rows-written",

@@ -11,45 +11,25 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+from _procs import SMALL, cli_args, hpcpipe
 from mpi4py import MPI
 
 from hpcpipe.run.config import ConfigError, make_config, validate
 from hpcpipe.run.results import DiskFullError, load
 from hpcpipe.run.runner import run
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-SMALL = dict(
-    problem="l1-chain",
-    depth=2,
-    dim=8,
-    optimizer="pprs",
-    samples=2,
-    gamma=0.05,
-    lr=0.05,
-    iterations=30,
-    flush_every=5,
-    clock="model",
-    progress="off",
-)
-ARGS = [w for k, v in SMALL.items() for w in (f"--{k}", str(v))]
+SMALL = {**SMALL, "dim": 8, "iterations": 30, "flush_every": 5}
+ARGS = cli_args(SMALL)
 WAIT = 300  # s: a hang guard
 
 
 def _hpcpipe(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "hpcpipe", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        env=ENV,
-        cwd=cwd,
-    )
+    return hpcpipe(*args, timeout=WAIT, cwd=cwd)
 
 
 def _same_numbers(a: Path, b: Path) -> None:

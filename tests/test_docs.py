@@ -141,6 +141,35 @@ def test_sweep_page_lists_every_table_and_key(generated):
     assert "[grid]" in page and 'ranks = "depth"' in page  # the docstring and the example
 
 
+NUMBER = r"(?:\d+|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)"
+STUDY_COUNT = re.compile(rf"\b{NUMBER}\s+(?:studies|study drivers)\b", re.IGNORECASE)
+
+
+def _prose_with_docstrings() -> list[tuple[str, str]]:
+    """README, the hand-written pages (not the stored records) and every module's text."""
+    out = [("README.md", (ROOT / "README.md").read_text())]
+    out += [
+        (str(p.relative_to(ROOT)), p.read_text())
+        for p in sorted(DOCS.rglob("*.md"))
+        if "records" not in p.parts
+    ]
+    code = sorted(ROOT.glob("hpcpipe/**/*.py")) + sorted(ROOT.glob("analysis/*.py"))
+    out += [(str(p.relative_to(ROOT)), p.read_text()) for p in code]
+    return out
+
+
+def test_no_page_or_docstring_states_how_many_studies_there_are():
+    """The count goes stale whenever a study is added (report.STUDIES is the list)."""
+    found = [
+        f"{name}: {m.group(0)!r}"
+        for name, text in _prose_with_docstrings()
+        for m in STUDY_COUNT.finditer(text)
+    ]
+    assert not found, found
+    assert STUDY_COUNT.search("All seven studies, their regimes")  # what it would catch
+    assert not STUDY_COUNT.search("wrote report.md: 1 study, 6 verdict rows")
+
+
 def test_studies_page_has_every_study_and_the_stored_reports_rows(generated):
     from hpcpipe.studies.report import STUDIES
 

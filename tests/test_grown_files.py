@@ -21,6 +21,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from _procs import ENV, SMALL, cli_args, hpcpipe
 from mpi4py import MPI
 
 from hpcpipe.cli.commands import run as run_command
@@ -30,21 +31,7 @@ from hpcpipe.run.config import make_config
 from hpcpipe.run.results import ResultsError, load
 from hpcpipe.run.runner import run
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-SMALL = dict(
-    problem="l1-chain",
-    depth=2,
-    dim=6,
-    optimizer="pprs",
-    samples=2,
-    gamma=0.05,
-    lr=0.05,
-    iterations=8,
-    flush_every=2,
-    clock="model",
-    progress="off",
-)
-ARGS = [w for k, v in SMALL.items() for w in (f"--{k}", str(v))]
+ARGS = cli_args(SMALL)
 KILLER = """
 import os, signal, sys
 from hpcpipe.run import results
@@ -72,13 +59,7 @@ WAIT = 120  # s: a hang guard for every process
 
 
 def _hpcpipe(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "hpcpipe", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        env=ENV,
-    )
+    return hpcpipe(*args, timeout=WAIT)
 
 
 def _killed(tmp_path: Path, out: Path, extra: tuple = ()) -> None:

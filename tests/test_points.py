@@ -34,7 +34,7 @@ def test_analyze_tables_and_draws_a_users_own_sweep(tmp_path, capsys):
     capsys.readouterr()
     assert main(["analyze", str(res), "-o", str(tmp_path / "rep")]) == 0
     out = capsys.readouterr().out
-    assert "1 studies, 0 verdict rows" in out
+    assert "1 study, 0 verdict rows" in out
     md = (tmp_path / "rep" / "report.md").read_text()
     head = next(line for line in md.splitlines() if line.startswith("| file |"))
     cols = [c.strip() for c in head.strip("|").split("|")]

@@ -51,7 +51,7 @@ def _rec(opt, x, iterations, samples=1, eps=0.1):
     return Record(f"{opt}-x{x:g}.h5", cfg, {}, {}, "complete", it, 1, {}, "simulated")
 
 
-NAMES = ["gpipe", "1f1b", "zb-h1", "looped-bfs", "sequential"]
+NAMES = ["gpipe", "1f1b", "zb-h1", "looped-bfs", "interleaved-1f1b", "sequential"]
 DEPTHS = (4, 16, 64, 256)
 
 
@@ -69,8 +69,15 @@ def test_study_rows_closed_forms_and_crossover(tmp_path):
     res = _study(tmp_path)
     claim = _claim(res)
     assert claim.ok is True and claim.word == "reproduced"
-    (cf,) = [v for v in res.verdicts if "closed form" in v.claim and "Δ*" not in v.claim]
-    assert cf.ok is True and cf.kind == "consistency"
+    cf = {
+        v.claim.split(", ")[1].split(":")[0]: v for v in res.verdicts if "= closed form" in v.claim
+    }
+    # one row per schedule with a closed form in its regime somewhere on the grid
+    assert set(cf) == set(NAMES)
+    assert all(v.ok is True and v.kind == "consistency" for v in cf.values())
+    # interleaved 1F1B (v = 2) runs GD's single item and K = 16 items at every depth
+    il = [c for c in study_mod.table((64, 39, 16), ["interleaved-1f1b"], DEPTHS) if c["runs"]]
+    assert [c["depth"] for c in il] == list(DEPTHS)
     # GPipe's Δ* from the closed forms is the paper's law I_GD·Δ = I_PPRS(K + Δ − 1)
     # with both calls costing (n + Δ − 1)(t_F + t_B)
     cells = study_mod.table((64, 39, 16), ["gpipe"], DEPTHS)
@@ -109,8 +116,36 @@ def test_planted_weight_before_input_schedule_is_refused_by_the_study():
 
 
 def test_a_schedule_that_cannot_take_the_items_has_no_cell():
-    # interleaved 1F1B needs n a multiple of the ranks: GD's single item cannot run on 2
-    assert study_mod.iteration_time("interleaved-1f1b", 4, 1) is None
+    # interleaved 1F1B runs items in rounds of n // max(1, n // P): 15 items on 2 ranks
+    # would be 7 rounds, which cannot split them
+    assert study_mod.iteration_time("interleaved-1f1b", 4, 15) is None
     assert study_mod.iteration_time("zb-v", 6, 4) is not None  # 3 ranks, 6 stages
     assert study_mod.iteration_time("zb-v", 5, 4) is None  # not a multiple of v = 2
     assert math.isnan(study_mod.closed_ratio("zb-h1", 8, (10, 5, 4)))  # n = 1 < P
+
+
+@pytest.mark.parametrize(("depth", "n"), [(4, 1), (8, 1), (64, 1), (64, 15), (16, 12), (8, 6)])
+def test_interleaved_gd_and_pprs_calls_run_and_match_the_closed_form(depth, n):
+    """GD's single item and PPRS's K items run on Δ/2 ranks, and the simulator's
+    makespan is the closed form (v·max(n, P) + min(n, P) − 1)(t_F + t_B), P = Δ/2."""
+    got = study_mod.iteration_time("interleaved-1f1b", depth, n)
+    assert got is not None
+    P = depth // 2
+    want = (2 * max(n, P) + min(n, P) - 1) * (study_mod.T_F + study_mod.T_B)
+    assert got[0] == pytest.approx(want, rel=1e-12, abs=0)
+    assert got[1] == pytest.approx(want, rel=1e-12, abs=0)
+
+
+def test_a_wrong_interleaved_closed_form_fails_its_consistency_row(tmp_path, monkeypatch):
+    entry = schedules.entry("interleaved-1f1b")
+    wrong = schedules.ScheduleEntry(
+        entry.build, lambda S, n, tf, tb, c=0.0, **_: (2 * n + S - 1) * (tf + tb)
+    )  # the P | n form used for every n
+    monkeypatch.setitem(schedules.SCHEDULES._entries, "interleaved-1f1b", wrong)
+    study_mod.iteration_time.cache_clear()
+    try:
+        res = _study(tmp_path)
+    finally:
+        study_mod.iteration_time.cache_clear()
+    (row,) = [v for v in res.verdicts if "interleaved-1f1b: pipeline time" in v.claim]
+    assert row.ok is False and row.kind == "consistency"

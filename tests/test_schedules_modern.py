@@ -15,9 +15,7 @@ NEW = ["interleaved-1f1b", "looped-bfs", "zb-h1", "zb-v"]
 
 def _sizes(name):
     for P in (1, 2, 4):
-        for n in (1, 2, 4, 8, 12):
-            if name == "interleaved-1f1b" and n % P:
-                continue
+        for n in (1, 2, 3, 4, 8, 12):  # interleaved-1f1b: n < P, P | n, rounds of 3 on 2
             yield P, n
 
 
@@ -45,8 +43,8 @@ def test_placements():
     assert S.build("interleaved-1f1b", 4, 8).placement == (0, 1, 2, 3, 0, 1, 2, 3)
     assert S.build("zb-v", 4, 8).placement == (0, 1, 2, 3, 3, 2, 1, 0)
     assert S.interleaved_1f1b(2, 4, virtual=3).placement == (0, 1, 0, 1, 0, 1)
-    with pytest.raises(ScheduleError, match=r"n_items \(6\) must be a multiple of the ranks \(4\)"):
-        S.build("interleaved-1f1b", 4, 6)
+    with pytest.raises(ScheduleError, match=r"n_items \(9\) must be below the ranks \(4\) or a"):
+        S.build("interleaved-1f1b", 4, 9)  # 2 rounds cannot split 9 items
 
 
 def test_codes_are_one_encoding_and_round_trip():
@@ -130,6 +128,56 @@ def test_interleaved_closed_form_with_messages():
                 got = _sim(sch, tf, tb / 2, tb / 2, c).makespan
                 want = S.interleaved_1f1b_time(P, n, tf, tb, c, virtual=v)
                 assert got == pytest.approx(want, rel=1e-12, abs=0)
+
+
+def _torch_interleaved(P, n, v):
+    """Rank lists by torch's relaxed rule (``ScheduleInterleaved1F1B``: rounds of
+    g = n // max(1, n // P) items, warm-up (v − 1)g + 2(P − 1 − r) capped at vn, one
+    item counter per stage), written independently of the builder's formulas."""
+    g = n // max(1, n // P)
+    lists = []
+    for r in range(P):
+        warm = min((v - 1) * g + 2 * (P - 1 - r), v * n)
+        # (kind, its step): warm-up F's, then F, B pairs, then the remaining B's
+        steps = [("F", k) for k in range(warm)]
+        for j in range(v * n - warm):
+            steps += [("F", warm + j), ("B", j)]
+        steps += [("B", j) for j in range(v * n - warm, v * n)]
+        count: dict = {}
+        acts = []
+        for kind, k in steps:
+            local = (k // g) % v if kind == "F" else v - 1 - (k // g) % v
+            st = local * P + r
+            count[st, kind] = count.get((st, kind), -1) + 1  # one item counter per stage
+            acts.append(f"{st}{kind}{count[st, kind]}")
+        lists.append(acts)
+    return lists
+
+
+@pytest.mark.parametrize(("P", "n"), [(4, 1), (4, 3), (4, 6), (4, 10), (3, 8), (3, 4), (4, 8)])
+def test_interleaved_lists_follow_torchs_rounds_for_any_item_count(P, n):
+    for v in (2, 3):
+        sch = S.interleaved_1f1b(P, n, v).validate()
+        got = [[str(a) for a in acts] for acts in sch.rank_actions]
+        assert got == _torch_interleaved(P, n, v)
+
+
+def test_interleaved_closed_form_for_item_counts_not_a_multiple_of_the_ranks():
+    """n < P is GPipe's fill-drain on vP stages; rounds of g != P items keep the
+    (vn + P − 1) bubble with c = 0; with messages the form is claimed for n < P only."""
+    g = np.random.default_rng(13)
+    for v in (1, 2, 3):
+        for P, n in [(4, 1), (4, 3), (6, 5), (8, 2), (2, 3), (4, 6), (4, 10), (3, 8), (5, 24)]:
+            sch = S.interleaved_1f1b(P, n, v)
+            for _ in range(4):
+                tf, tb = g.uniform(0.1, 2, 2)
+                c = float(g.uniform(0, 1) * min(tf, tb)) if n < P else 0.0
+                got = _sim(sch, tf, tb / 2, tb / 2, c).makespan
+                want = S.interleaved_1f1b_time(P, n, tf, tb, c, virtual=v)
+                assert got == pytest.approx(want, rel=1e-12, abs=0)
+    with pytest.raises(S.OutsideRegime, match="message term"):
+        S.interleaved_1f1b_time(4, 6, 1.0, 2.0, 0.5)  # rounds of 6 with messages: not claimed
+    assert S.interleaved_1f1b_time(4, 1, 1.0, 2.0) == (2 * 4 + 1 - 1) * 3.0  # GPipe on 8 stages
 
 
 def test_looped_bfs_closed_form_in_its_regime():
@@ -274,8 +322,8 @@ def test_schedule_command_prints_grid_makespan_bubble_memory(args, makespan, pea
 
 
 def test_schedule_command_bad_input_and_deadlock(tmp_path):
-    p = _cli("interleaved-1f1b", "--ranks", "4", "--items", "6")
-    assert p.returncode == 2 and "must be a multiple of the ranks (4)" in p.stderr
+    p = _cli("interleaved-1f1b", "--ranks", "4", "--items", "9")
+    assert p.returncode == 2 and "must be below the ranks (4) or a multiple of" in p.stderr
     assert "Traceback" not in p.stderr
     dead = tmp_path / "dead.csv"
     dead.write_text("0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n")
@@ -301,9 +349,11 @@ def test_run_config_accepts_placed_schedules_on_the_engine_and_refuses_bad_item_
         validate(make_config({**four, "schedule": name}), n_ranks=4)
     with pytest.raises(ConfigError, match="makes 16 stages of 8 ranks and depth = 8"):
         validate(make_config({**base, "schedule": "zb-v"}), n_ranks=8)
-    with pytest.raises(ConfigError, match="must be a multiple of the ranks"):
-        cfg = {**base, "schedule": "interleaved-1f1b", "executor": "simulated", "stages": 4}
-        validate(make_config({**cfg, "clock": "model", "optimizer": "pprs", "samples": 3}))
+    cfg = {**base, "schedule": "interleaved-1f1b", "executor": "simulated", "stages": 4}
+    cfg = {**cfg, "clock": "model", "optimizer": "pprs"}
+    validate(make_config({**cfg, "samples": 3}))  # fewer items than ranks: one round
+    with pytest.raises(ConfigError, match="must be below the ranks"):
+        validate(make_config({**cfg, "samples": 9}))  # 2 rounds cannot split 9 items
     with pytest.raises(ConfigError, match="makes 16 stages of 8 ranks and depth = 8"):
         zbv = {**base, "schedule": "zb-v", "executor": "simulated", "clock": "model"}
         validate(make_config(zbv))

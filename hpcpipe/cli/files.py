@@ -15,8 +15,13 @@ from typing import Any
 
 def load_result(path: str):
     """The result at path, or None after printing why it cannot be read."""
+    from hpcpipe.run.config import path_error
     from hpcpipe.run.results import NO_CHECKSUMS, ResultsError, load
 
+    err = path_error("result", path, write=False)
+    if err:
+        print(f"hpcpipe: {err}", file=sys.stderr)
+        return None
     try:
         r = load(path)
     except ResultsError as e:
@@ -33,11 +38,15 @@ def output_error(path: str, inputs: tuple[str, ...] = (), force: bool = False) -
     An existing HDF5 file (a result) is replaced only with ``--force``; the file a
     command reads is never its own output.
     """
+    from hpcpipe.run.config import path_error
     from hpcpipe.run.superblock import SIGNATURE
 
     p = Path(path)
     if not path:
         return "-o: an empty path"
+    err = path_error("-o", path, write=True)
+    if err:
+        return err
     for src in inputs:
         if p.exists() and Path(src).exists() and p.resolve() == Path(src).resolve():
             return f"-o {path} is the file this command reads: choose another output"

@@ -328,6 +328,9 @@ def parse(text: str, path: str = "") -> MachineProfile:
 
 def read(path: str) -> MachineProfile:
     """The profile at ``path``; a missing or unreadable file is a ConfigError naming it."""
+    from hpcpipe.run.config import check_path
+
+    check_path("machine", path, write=False)
     p = Path(path)
     if not p.is_file():
         raise ConfigError(

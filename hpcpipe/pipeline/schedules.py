@@ -492,30 +492,34 @@ def interleaved_1f1b(n_ranks: int, n_items: int, virtual: int = 2) -> Schedule:
     """Interleaved 1F1B (Narayanan et al., "Efficient Large-Scale Language Model
     Training on GPU Clusters Using Megatron-LM", SC 2021, §2.2.2).
 
-    S = vP stages, stage s on rank s mod P (looped placement). Rank r's k-th
-    forward is of its local stage ⌊k/P⌋ mod v (stage lP + r) and item
-    ⌊k/(Pv)⌋P + k mod P; its k-th backward visits the local stages in reverse.
-    It runs min(vn, (v − 1)P + 2(P − 1 − r)) warm-up forwards, then
-    alternates F and B, then the remaining B's. Needs n to be a multiple of P.
-    The same lists as torch's ``ScheduleInterleaved1F1B`` (tested).
+    S = vP stages, stage s on rank s mod P (looped placement). The items run in
+    rounds of g = n / max(1, ⌊n/P⌋) (g = P when P divides n, as in the paper;
+    any n < P is one round of g = n; other n need a whole number of rounds, as
+    torch's relaxed rule). Rank r's k-th forward is of its local stage
+    ⌊k/g⌋ mod v (stage lP + r) and item ⌊k/(gv)⌋g + k mod g; its k-th backward
+    visits the local stages in reverse. It runs min(vn, (v − 1)g + 2(P − 1 − r))
+    warm-up forwards, then alternates F and B, then the remaining B's. The same
+    lists as torch's ``ScheduleInterleaved1F1B`` (tested where P divides n).
     """
     _check_sizes(n_ranks, n_items)
     P, n, v = n_ranks, n_items, int(virtual)
     if v < 1:
         raise ScheduleError(f"virtual stages per rank must be >= 1, got {v}")
-    if n % P:
+    rounds = max(1, n // P)
+    if n % rounds:
         raise ScheduleError(
-            f"interleaved-1f1b runs items in groups of the rank count: n_items ({n}) must be "
-            f"a multiple of the ranks ({P})"
+            f"interleaved-1f1b runs items in rounds of about the rank count: n_items ({n}) "
+            f"must be below the ranks ({P}) or a multiple of n_items // ranks ({rounds})"
         )
+    g = n // rounds
     total = v * n
     k = _i(total)
-    local, item = (k // P) % v, (k // (P * v)) * P + k % P
+    local, item = (k // g) % v, (k // (g * v)) * g + k % g
     lists = []
     for r in range(P):
         fw = place(local * P + r, encode(item, Kind.FORWARD), n)
         bw = place((v - 1 - local) * P + r, encode(item, Kind.BACKWARD), n)
-        warm = min(total, (v - 1) * P + 2 * (P - 1 - r))
+        warm = min(total, (v - 1) * g + 2 * (P - 1 - r))
         mid = np.empty(2 * (total - warm), dtype=np.int64)
         mid[0::2], mid[1::2] = fw[warm:], bw[: total - warm]
         lists.append(np.concatenate([fw[:warm], mid, bw[total - warm :]]))
@@ -657,23 +661,31 @@ def _split(t_b: float, t_i: float | None, t_w: float | None) -> tuple[float, flo
 def interleaved_1f1b_time(
     S: int, n: int, t_f: float, t_b: float, c: float = 0.0, *, virtual: int = 2, **_
 ) -> float:
-    """T = (vn + P − 1)(t_F + t_B) + 2(vP − 1)c·[P > 1], P = S ranks, per-stage costs.
+    """T = (v·max(n, P) + min(n, P) − 1)(t_F + t_B) + 2(vP − 1)c·[P > 1], P = S ranks.
 
-    With c = 0 (Narayanan et al. 2021, §2.2.2): each rank does vn(t_F + t_B)
-    of work and waits only during the fill and the drain, (P − 1)(t_F + t_B)
-    in all, i.e. the 1F1B bubble of a stage v times cheaper. The message term
-    is EMPIRICAL: every one of the vP − 1 links crosses ranks (s and s + 1 are
-    on ranks s mod P and s + 1 mod P) and the fill and the drain each cross
-    them once; read off the exact simulator and checked on random
-    configurations (v <= 3, P <= 5, n a multiple of P, c <= min(t_F, t_B))
-    by the tests. Needs n a multiple of P (the builder's rule).
+    For n a multiple of P this is (vn + P − 1)(t_F + t_B) with c = 0 (Narayanan et
+    al. 2021, §2.2.2): each rank does vn(t_F + t_B) of work and waits only during the
+    fill and the drain, (P − 1)(t_F + t_B) in all, i.e. the 1F1B bubble of a stage v
+    times cheaper. For n < P (one round of n items) it is (vP + n − 1)(t_F + t_B),
+    GPipe's on vP stages: an item is back on rank 0 for its next local stage only
+    after P forwards, so the ranks wait for the items as a fill-drain pipeline of vP
+    stages does. The n < P case, the other n the builder accepts (rounds of g ≠ P)
+    and the message term are EMPIRICAL: read off the exact simulator and checked on
+    random configurations by the tests (v <= 3, P <= 8, n < 30, t_F, t_B in
+    [0.1, 2]; with c > 0 only for n < P or n a multiple of P, c <= min(t_F, t_B):
+    with rounds of g ≠ P items the messages partly hide and the term is an upper
+    bound, not claimed).
     """
     P, v = S, int(virtual)
-    if n % P:
-        raise OutsideRegime(f"interleaved-1f1b needs n ({n}) a multiple of P ({P})")
+    rounds = max(1, n // P)
+    if n % rounds:
+        raise OutsideRegime(f"interleaved-1f1b needs n ({n}) < P ({P}) or a multiple of n // P")
+    if c > 0 and n > P and n % P:
+        raise OutsideRegime("interleaved-1f1b's message term is checked for n < P or P | n")
     if c > min(t_f, t_b):
         raise OutsideRegime("interleaved-1f1b's message term is checked for c <= min(t_F, t_B)")
-    return (v * n + P - 1) * (t_f + t_b) + (2 * (v * P - 1) * c if P > 1 else 0.0)
+    bubble = v * max(n, P) + min(n, P) - 1
+    return bubble * (t_f + t_b) + (2 * (v * P - 1) * c if P > 1 else 0.0)
 
 
 def looped_bfs_time(
@@ -846,8 +858,9 @@ register_schedule(
     "interleaved-1f1b",
     interleaved_1f1b,
     closed_form=interleaved_1f1b_time,
-    closed_form_note="proven with c = 0; empirical message term (random configurations)",
-    law="v*n + S - 1",
+    closed_form_note="proven with c = 0 and P | n; empirical otherwise and for the message "
+    "term (random configurations)",
+    law="v*max(n, S) + min(n, S) - 1",
 )
 register_schedule(
     "looped-bfs",

@@ -96,6 +96,15 @@ def schedule_command(args) -> int:
             return _fail(f"--{field.replace('_', '-')} must be a finite number >= 0, got {value}")
     if (args.t_input is None) != (args.t_weight is None):
         return _fail("--t-input and --t-weight go together (t_B = t_I + t_W): give both or none")
+    from hpcpipe.run.config import path_error
+
+    for flag, path, write in (
+        ("--write-csv", args.write_csv, True),
+        ("--from-csv", args.from_csv, False),
+    ):
+        err = path_error(flag, path, write=write) if path else None
+        if err:
+            return _fail(err)
     out = args.write_csv
     if out:
         p = Path(out)

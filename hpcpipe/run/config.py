@@ -316,6 +316,7 @@ def load(
     ``ranks``, when known, sets the default depth (``run_defaults``)."""
     values: dict = {}
     if path:
+        check_path("config file", path, write=False)
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {path!r} does not exist or is not a file")
@@ -342,11 +343,103 @@ def load(
     return make_config(values, ranks)
 
 
+def _shown(path: str) -> str:
+    """A path for a one-line message: a very long one keeps its two ends."""
+    return repr(path) if len(path) <= 80 else repr(path[:36] + "..." + path[-36:])
+
+
+def _limits(folder: str) -> tuple[int, int]:
+    """(longest file name, longest path) in bytes on ``folder``'s file system."""
+    out = []
+    for key, default in (("PC_NAME_MAX", 255), ("PC_PATH_MAX", 4096)):
+        try:
+            out.append(int(os.pathconf(folder, key)))
+        except (OSError, ValueError):
+            out.append(default)
+    return out[0], out[1]
+
+
+def path_error(field: str, path: str, *, write: bool) -> str | None:
+    """Why the operating system would refuse ``path`` as the setting ``field``, or None.
+
+    Checked before any work, without creating anything: a name longer than the file
+    system's NAME_MAX or a path longer than its PATH_MAX (ENAMETOOLONG), a part of
+    the path that is a file (ENOTDIR), a folder that cannot be searched, or for a
+    ``write`` path written (EACCES), a symbolic-link loop (ELOOP). A path that does not
+    exist yet is fine here (its caller says whether it must); for a ``write`` path its
+    nearest existing folder must then be a writable folder, and the names to create
+    must fit. The message is one line: the field, the path, what is wrong, the fix.
+    ``folder`` is the fix's "a shorter ..." noun (default: "path").
+    """
+    import errno
+    import stat
+
+    where = f"{field} = {_shown(path)}"
+    want = "write" if write else "read"
+
+    def why(code: int, at: str) -> str:
+        name_max, path_max = _limits(at if os.path.isdir(at) else ".")
+        if code == errno.ENAMETOOLONG:
+            return (
+                f"{where}: a name in it is longer than the file system allows ({name_max} "
+                f"bytes a name, {path_max} a path): choose a shorter path"
+            )
+        if code == errno.ENOTDIR:
+            return f"{where}: a part of it is a file, not a folder: choose a path under a folder"
+        if code in (errno.EACCES, errno.EPERM):
+            return f"{where}: permission denied on {_shown(at)}: choose a path you may {want}"
+        if code == errno.ELOOP:
+            return f"{where}: a loop of symbolic links: fix the link or choose another path"
+        return f"{where}: {os.strerror(code)}: choose another path"
+
+    if not path or "\0" in path:
+        return f"{where}: give a path (an empty path or one with a NUL byte cannot be opened)"
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno != errno.ENOENT:
+            return why(e.errno or 0, path)
+    else:
+        if not os.access(path, os.W_OK if write else os.R_OK):
+            return why(errno.EACCES, path)
+        if write and stat.S_ISDIR(st.st_mode) and not os.access(path, os.X_OK):
+            return why(errno.EACCES, path)
+        return None
+    # missing: the nearest existing ancestor must be a folder, and the names to make fit
+    full = os.path.abspath(path)
+    anc = os.path.dirname(full)
+    while True:
+        try:
+            st = os.stat(anc)
+            break
+        except OSError as e:
+            if e.errno != errno.ENOENT or anc == os.path.dirname(anc):
+                return why(e.errno or 0, anc)
+            anc = os.path.dirname(anc)
+    if not stat.S_ISDIR(st.st_mode):
+        return why(errno.ENOTDIR, anc)
+    name_max, path_max = _limits(anc)
+    new = Path(full).relative_to(anc).parts
+    if any(len(os.fsencode(n)) > name_max for n in new) or len(os.fsencode(full)) >= path_max:
+        return why(errno.ENAMETOOLONG, anc)
+    if write and not os.access(anc, os.W_OK | os.X_OK):
+        return why(errno.EACCES, anc)
+    return None
+
+
+def check_path(field: str, path: str, *, write: bool) -> None:
+    """``path_error`` as a ConfigError (exit status 2 in the CLI)."""
+    err = path_error(field, path, write=write)
+    if err:
+        raise ConfigError(err)
+
+
 def check_output(cfg: RunConfig) -> None:
     """The output path must be new, a file name in a folder that is one (or can be made),
     and writable; a dangling symbolic link is refused (HDF5 would fail later)."""
     if not cfg.output:
         return
+    check_path("output", cfg.output, write=True)
     p = Path(cfg.output)
     if p.is_symlink() and not p.exists():
         raise ConfigError(f"output = {cfg.output!r} is a dangling symbolic link")
@@ -526,9 +619,9 @@ def validate(
 
 def _check_schedule(cfg: RunConfig, n_ranks: int | None) -> None:
     """A built-in schedule must build for this run: its stage count fits the depth, and
-    the builder's own rules hold (e.g. items a multiple of the ranks for
-    interleaved-1f1b). Every built-in runs on MPI; a placement of several stages
-    per rank with the weights as variable is refused when the engine is built."""
+    the builder's own rules hold (e.g. interleaved-1f1b's rounds must split the items).
+    Every built-in runs on MPI; a placement of several stages per rank with the weights
+    as variable is refused when the engine is built."""
     from hpcpipe.pipeline.schedules import ScheduleError, build
 
     if ":" in str(cfg.schedule) or cfg.schedule not in SCHEDULES.names():

@@ -190,7 +190,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hpcpipe.run.config import path_error
+
     args = parser().parse_args(argv)
+    bad = [path_error("results folder", d, write=False) for d in args.dirs]
+    bad += [path_error("-o", args.out, write=True)]
+    for err in filter(None, bad):
+        print(f"hpcpipe analyze: {err}", file=sys.stderr)
+        return 2
     for d in args.dirs:
         if not Path(d).is_dir():
             what = "is a file, not a folder" if Path(d).exists() else "does not exist"
@@ -211,9 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         if v.kind != "claim" and v.ok is False and not v.not_enforced
     ]
     n = sum(len(r.verdicts) for r in results)
-    print(
-        f"wrote {path}: {len(results)} studies, {n} verdict rows, {len(bad)} enforced rows failed"
-    )
+    studies = f"{len(results)} stud{'y' if len(results) == 1 else 'ies'}"
+    print(f"wrote {path}: {studies}, {n} verdict rows, {len(bad)} enforced rows failed")
     for v in bad:
         print(f"{v.word} [{v.study}] {v.claim}: {v.measured} (bound: {v.bound})")
     if not results:

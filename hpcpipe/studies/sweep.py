@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcpipe.run.config import ConfigError, RunConfig, make_config, tomllib, validate
+from hpcpipe.run.config import ConfigError, RunConfig, check_path, make_config, tomllib, validate
 
 
 @dataclass
@@ -121,6 +121,7 @@ def load_sweep(path: str | Path, out: str | None = None, profiles: bool = True) 
     """Read and validate every point of a sweep file (ConfigError naming the point);
     ``profiles`` False validates all but the machine profiles the points name (a Slurm
     folder whose jobs calibrate them first: ``studies.jobs``)."""
+    check_path("sweep file", str(path), write=False)
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"sweep file {str(path)!r} does not exist")
@@ -144,6 +145,7 @@ def load_sweep(path: str | Path, out: str | None = None, profiles: bool = True) 
     outdir = out or head.get("out", f"results/{name}")
     if not isinstance(outdir, str) or not outdir or "\0" in outdir:
         raise ConfigError(f"sweep file {path}: out = {outdir!r} must be a folder path")
+    check_path("--out" if out else f"sweep file {path}: out", outdir, write=True)
     outdir = Path(outdir)
     ranks = _ranks(head.get("ranks", 1), name)
     base = data.get("base", {})

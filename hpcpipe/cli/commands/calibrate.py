@@ -126,9 +126,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def output_error(path: str, force: bool) -> str | None:
     """Why the profile cannot be written at ``path``, or None (nothing is overwritten
     unless ``--force``)."""
+    from hpcpipe.run.config import path_error
+
     p = Path(path)
     if not path:
         return "--output: an empty path"
+    err = path_error("--output", path, write=True)
+    if err:
+        return err
     if p.is_dir():
         return f"--output {path} is a folder: give a file name"
     if p.is_symlink() and not p.exists():

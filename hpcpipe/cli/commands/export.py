@@ -35,7 +35,13 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
     r = load_result(args.result)
     if r is None:
         return 2
+    from hpcpipe.run.config import path_error
+
     prefix = args.output or str(Path(args.result).with_suffix(""))
+    err = path_error("-o", prefix, write=True)
+    if err:
+        print(f"hpcpipe: {err}", file=sys.stderr)
+        return 2
     try:
         paths = export(r, args.format, prefix)
     except ExportError as e:

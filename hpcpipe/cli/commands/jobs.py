@@ -61,6 +61,12 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
         modules=tuple(args.module),
         signal=args.signal,
     )
+    from hpcpipe.run.config import path_error
+
+    err = path_error("--out", args.out, write=True)
+    if err:
+        print(f"hpcpipe: {err}", file=sys.stderr)
+        return 2
     try:
         files = generate(args.sweep, args.out, opts)
     except (ConfigError, ValueError) as e:

@@ -78,7 +78,7 @@ def resume_config(path: str, items: list[str], args: argparse.Namespace | None =
     """
     import dataclasses
 
-    from hpcpipe.run.config import make_config, refuse_recorded_code
+    from hpcpipe.run.config import check_path, make_config, refuse_recorded_code
     from hpcpipe.run.results import (
         ResultsError,
         check_unlocked,
@@ -88,6 +88,7 @@ def resume_config(path: str, items: list[str], args: argparse.Namespace | None =
         recover_truncated,
     )
 
+    check_path("--resume", path, write=True)  # the run goes on writing it
     try:
         recover_truncated(path, log=lambda m: print(f"hpcpipe: {m}", file=sys.stderr))
         read_state(path)  # checks the file, its status and its state

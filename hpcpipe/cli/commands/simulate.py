@@ -37,6 +37,10 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
     from hpcpipe.pipeline import schedules
     from hpcpipe.pipeline.simulator import closed_form, gantt_rows, simulate_uniform
 
+    err = output_error(args.plot, (), args.force) if args.plot else None
+    if err:  # before any work
+        print(f"hpcpipe: {err.replace('-o ', '--plot ')}", file=sys.stderr)
+        return 2
     res = simulate_uniform(
         args.schedule,
         args.stages,
@@ -66,10 +70,6 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
     if args.plot:
         from hpcpipe.run.trace import gantt_png
 
-        err = output_error(args.plot, (), args.force)
-        if err:
-            print(f"hpcpipe: {err.replace('-o ', '--plot ')}", file=sys.stderr)
-            return 2
         gantt_png(
             gantt_rows(res),
             args.plot,
