@@ -40,6 +40,7 @@ the same loop).
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import socket
@@ -343,14 +344,29 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
 
 
-def busy_note(load_start: list[float], load_end: list[float], n_cores: int) -> str:
+def busy_note(
+    load_start: list[float], load_end: list[float], n_cores: int, foreign: float = math.nan
+) -> str:
     """'' on a quiet machine; else one line saying the costs were measured under load.
 
-    Busy: the 1-minute load average above the cores at the start or the end. Other
-    processes then share the cores, so the measured α, wake-up and layer times
-    include their time slices: predictions from the profile are those of a busy
-    machine. Calibration is not refused (the profile says so, in ``machine.busy``).
+    Busy: other processes used more than ``foreign.BUSY_SHARE`` of the cores during the
+    calibration (``foreign``, cores: ``machine.foreign``); where that was not measured,
+    the 1-minute load average above the cores at the start or the end (which counts the
+    calibration's own ranks and the minute before it). Other processes then share the
+    cores, so the measured α, wake-up and layer times include their time slices:
+    predictions from the profile are those of a busy machine. Calibration is not
+    refused (the profile says so, in ``machine.busy``).
     """
+    from hpcpipe.machine.foreign import BUSY_SHARE, busy
+
+    if math.isfinite(foreign):
+        if not busy(foreign, n_cores):
+            return ""
+        return (
+            f"calibrated while other processes used {foreign:.2f} of {n_cores} cores (above "
+            f"{BUSY_SHARE:g} of them: busy machine): its costs include their time; "
+            "calibrate again on a quiet machine"
+        )
     loads = [x[0] for x in (load_start, load_end) if x]
     if not loads or max(loads) <= n_cores:
         return ""
@@ -360,13 +376,16 @@ def busy_note(load_start: list[float], load_end: list[float], n_cores: int) -> s
     )
 
 
-def identity(load_start: list[float], library: str, command: str, seconds: float) -> dict:
-    """The [machine] table: host, cores, MPI library, date, load at start and end, busy."""
+def identity(
+    load_start: list[float], library: str, command: str, seconds: float, foreign: float = math.nan
+) -> dict:
+    """The [machine] table: host, cores, MPI library, date, load at start and end, the
+    other processes' CPU during the calibration (``foreign_cpu``, cores), busy."""
     from hpcpipe import __version__
 
     n_cores = cores()
     load_end = load_average()
-    note = busy_note(load_start, load_end, n_cores)
+    note = busy_note(load_start, load_end, n_cores, foreign)
     return {
         "host": socket.gethostname(),
         "architecture": platform.machine(),
@@ -375,6 +394,7 @@ def identity(load_start: list[float], library: str, command: str, seconds: float
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "load_start": load_start,
         "load_end": load_end,
+        **({"foreign_cpu": round(foreign, 3)} if math.isfinite(foreign) else {}),
         "busy": bool(note),
         **({"busy_note": note} if note else {}),
         "hpcpipe": __version__,
@@ -394,8 +414,11 @@ def calibrate(comm, plan: Plan) -> dict | None:
 
     if comm.size < 2:
         raise ValueError("calibration needs at least 2 ranks: a message needs a receiver")
+    from hpcpipe.machine.foreign import ForeignLoad
+
     t_start = time.perf_counter()
     load_start = load_average()
+    span = ForeignLoad(comm)  # the other processes' CPU while calibrating
     hosts = comm.allgather(socket.gethostname())
     messages = {}
     for pol in plan.policies:
@@ -431,6 +454,7 @@ def calibrate(comm, plan: Plan) -> dict | None:
             calls[pol] = engine_call(
                 comm, pol, plan.layer_time, width, plan.overhead_items, plan.overhead_repeats
             )
+    foreign = span.stop()
     if comm.rank != 0:
         return None
     machine = identity(
@@ -438,6 +462,7 @@ def calibrate(comm, plan: Plan) -> dict | None:
         library_name(),
         plan.command,
         time.perf_counter() - t_start,
+        foreign,
     )
     counts = {h: hosts.count(h) for h in hosts}
     data = {

@@ -23,7 +23,7 @@ and rows, an estimate otherwise (the profile's layer rows say what was measured)
 Schema (``SCHEMA = 1``)::
 
     schema = 1
-    [machine]    host, cores, mpi_library, date, load_start, load_end, busy
+    [machine]    host, cores, mpi_library, date, load_start, load_end, foreign_cpu, busy
                  (load above the cores during calibration), busy_note, hpcpipe,
                  command, seconds
     [placement]  ranks, hosts, ranks_per_host

@@ -27,6 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcpipe.errors import InjectedFailure
+from hpcpipe.machine.foreign import ForeignLoad
 from hpcpipe.model.stages import clear_block_cache, stage_offsets
 from hpcpipe.optim import OPTIMIZERS, Optimizer, OptState
 from hpcpipe.optim.methods import theory_plan
@@ -192,8 +193,10 @@ class Run:
         self.stop = stack.enter_context(StopFlag())
         self.progress = Progress(cfg.progress, T, label or cfg.optimizer, comm.rank == 0)
         self.wall0 = time.perf_counter()
-        # the machine's load, for wall-clock verdicts (``studies.common.load_check``)
+        # the machine's load, for wall-clock verdicts (``studies.common.load_check``): the
+        # load average, and the CPU other processes used during the run (machine.foreign)
         self.extra["load_start"], self.extra["cores"] = _load(), _cores()
+        self.foreign = ForeignLoad(comm)
 
     # ------------------------------------------------------------ resume and output
     def restore(self, path: str) -> None:
@@ -369,6 +372,9 @@ class Run:
         self.extra.update(self.prob.info)
         self.extra["iterations_planned"] = self.T
         self.extra["load_end"] = _load()
+        foreign = self.foreign.stop()
+        if math.isfinite(foreign):
+            self.extra["foreign_cpu"] = round(foreign, 3)
         if type(self.prob).final_metrics is not Problem.final_metrics:  # gather only if used
             parts = (self.eng.initial_point(), self.state["theta"])
             whole = [np.concatenate(comm.allgather(part)) for part in parts]

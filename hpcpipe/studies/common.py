@@ -87,19 +87,50 @@ def machine_load(records) -> tuple[float, int] | None:
     return max(loads), min(cores)
 
 
+def foreign_load(records) -> float | None:
+    """The most CPU (cores) other processes used during any of the runs
+    (``machine.foreign``); None when a run did not record it (older files, or a platform
+    without ``/proc/stat``)."""
+    vals = []
+    for r in records:
+        v = (r.info or {}).get("foreign_cpu")
+        if v is None or not math.isfinite(float(v)):
+            return None
+        vals.append(float(v))
+    return max(vals) if vals else None
+
+
 def load_check(records, rerun: str) -> tuple[str, str]:
     """(the load for a wall-clock row's measured column, why the row is not enforced).
 
-    A wall-clock figure measured while the machine was busy (1-minute load average above
-    the cores, at the start or end of any of the row's runs) says how busy the machine
+    A wall-clock figure measured while the machine was busy says how busy the machine
     was, not what the model predicts: such a row is "not enforced", with the load and how
-    to rerun, never failed for the noise and never passed. Rows of runs that did not
-    record their load stay enforced ("load not recorded").
+    to rerun, never failed for the noise and never passed.
+
+    Busy: other processes used more than ``foreign.BUSY_SHARE`` of the cores during any
+    of the row's runs (``foreign_cpu``, measured by each run: the host's busy CPU time
+    less the job's own). The load average is printed beside it but does not decide: it
+    counts the job's own ranks (32 polling ranks on 2 cores hold it near 32) and lags a
+    minute behind. Runs that did not record ``foreign_cpu`` are judged by the 1-minute
+    load average at their start and end (above the cores: busy). Rows of runs that
+    recorded neither stay enforced ("load not recorded").
     """
+    from hpcpipe.machine.foreign import BUSY_SHARE, busy
+
     got = machine_load(records)
     if got is None:
         return "load not recorded", ""
     load, cores = got
+    foreign = foreign_load(records)
+    if foreign is not None:
+        text = (
+            f"other processes {max(foreign, 0.0):.2f} of {cores} cores "
+            f"(load average {load:.2f}, the job's own ranks included)"
+        )
+        if busy(foreign, cores):
+            why = f"{text}: busy machine (above {BUSY_SHARE:g} of the cores)"
+            return text, f"{why}; rerun on an idle one: {rerun}"
+        return text, ""
     text = f"load {load:.2f} on {cores} cores"
     if load > cores:
         return text, f"{text}: busy machine; rerun on an idle one: {rerun}"
