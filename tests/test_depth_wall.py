@@ -313,7 +313,7 @@ def test_the_sweep_machinery_runs_a_tiny_depth_wall(tmp_path):
     an = hpcpipe("analyze", "results", "-o", "report", "--study", "depth-wall", cwd=tmp_path)
     assert an.returncode in (0, 1), an.stdout + an.stderr  # 1: the bound failed (noise)
     report = (tmp_path / "report" / "report.md").read_text()
-    for row in ("load recorded at every run's start and end", "measured/predicted in [0.9",
+    for row in ("the load average recorded by every run", "measured/predicted in [0.9",
                 "PPRS reaches epsilon before GD for depth >= Delta*"):  # fmt: skip
         assert row in report
     recs = load_records(tmp_path / "results" / "depth-wall")

@@ -137,8 +137,9 @@ def study(records, outdir: Path) -> StudyResult:
     res.verdicts.append(
         Verdict(
             NAME,
-            "wall-clock runs on a quiet machine (load average <= cores at start and end)",
-            "load recorded at every run's start and end",
+            "wall-clock runs on a quiet machine (other processes at most a quarter of the "
+            "cores during every run; studies.common.load_check)",
+            "other processes' CPU and the load average recorded by every run",
             f"{load}; {start_end(recs)}",
             None,
             files_of(recs),
