@@ -291,10 +291,11 @@ class Engine:
 
     def _local_views(self, vec: np.ndarray) -> list:
         """Per local stage, the parameter views of this rank's part of θ (or of a gradient)."""
-        offs = self._param_offs
+        # Stage.views with each stage's offset folded into its spans (made by _prepare);
+        # the size of ``vec`` is checked by ``evaluate``
         return [
-            own(st.views(vec[offs[u] : offs[u + 1]]))
-            for u, (st, own) in enumerate(zip(self.stages, self._owns))
+            own([[vec[a:b].reshape(s) for a, b, s in spans] for spans in layers])
+            for own, layers in self._spans
         ]
 
     def _prepare(self) -> None:
@@ -363,6 +364,11 @@ class Engine:
             i_fun, w_fun = splitters(st.layers, single)
             self._inputs.append(i_fun)
             self._weights.append(w_fun)
+        offs = self._param_offs
+        self._spans = [
+            (own, [[(a + offs[u], b + offs[u], sh) for a, b, sh in sp] for sp in st._spans])
+            for u, (st, own) in enumerate(zip(self.stages, self._owns))
+        ]
         plan = []
         for s, i, kind in self._placed:
             u = self._local[s]
@@ -411,6 +417,21 @@ class Engine:
                  u, fun, cost, emu, flags)
             )  # fmt: skip
         self._plan = plan
+        # the common case's table: only F and B, read and written in place, no clock or
+        # emulation to feed per action (``evaluate`` picks it); one short tuple per action
+        # (forward?, receive request, input, output, send request, kernel, local stage,
+        # stash key, item, target rows or None, last stage?) and the stash peak it reaches
+        self._fast = None
+        if all(a[0] != INPUT and a[0] != WEIGHT for a in plan):
+            fast, held, peak = [], 0, 0
+            for (kind, i, _k, j, _r0, _r1, rreq, _rs, _rb, _peer, x, out, sreq, _ss,
+                 u, fun, _c, _e, (_first, last)) in plan:  # fmt: skip
+                fwd = kind == FORWARD
+                held += 1 if fwd else -1
+                peak = max(peak, held)
+                tgt = self._t_rows[j] if fwd and last else None
+                fast.append((fwd, rreq, x, out, sreq, fun, u, u * n + i, i, tgt, last))
+            self._fast, self._fast_peak = fast, peak
         self._base_views = [own(st.views(st.flat)) for st, own in zip(self.stages, self._owns)]
         self._seeds: list = [None] * n
 
@@ -522,13 +543,35 @@ class Engine:
         ready_add, end_add = readys.append, ends.append
         self._readys, self._ends, self._events = readys, ends, None
         clock.reset()
+        fast = self._fast if direct and not timed and not per_sample and not input_var else None
         MPI.Prequest.Startall(self._recvs)
         t_first = t_end = tick()
         ps, xs = base, xk
+        if fast is not None:
+            # the loop below without its per-action branches on the wait policy, clocks,
+            # emulation, samples and the split backward (none of them apply here)
+            for fwd, rreq, x, out, sreq, fun, u, key, i, tgt, last in fast:
+                if rreq is not None:
+                    rreq.Wait()
+                ready_add(tick())
+                if fwd:
+                    caches[key] = fun(x, base[u], out)
+                    if last:
+                        item_losses[i], seeds[i] = head(out, tgt, inv_m)
+                else:
+                    if last:
+                        x, seeds[i] = seeds[i], None
+                    fun(x, caches.pop(key), base[u], gviews[u], out)
+                if sreq is not None:
+                    sreq.Start()
+                end_add(tick())
+            if ends:
+                t_end = ends[-1]
+            peak = self._fast_peak
         for (
             kind, i, k, j, r0, r1, rreq, rslot, rbytes, peer, x, out, sreq, sslot,
             u, fun, cost, emu, (first, last),
-        ) in self._plan:  # fmt: skip
+        ) in self._plan if fast is None else ():  # fmt: skip
             fwd = kind == FORWARD
             if rreq is not None:
                 if direct:
