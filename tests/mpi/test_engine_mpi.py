@@ -193,7 +193,7 @@ def test_direct_table_equals_general_loop_bitwise(schedule):
                 )  # fmt: skip
                 point = eng.initial_point() * 1.1
                 res = eng.evaluate(point, 0.0, 3, reduce="sum")
-                out[wait] = (res.grad, res.losses, eng.peak_stash, eng._fast is not None)
+                out[wait] = (res.grad, res.losses, eng.peak_stash, eng._direct)
                 n_actions = eng.events.shape[0]
                 sch = eng.schedule
                 eng.close()
@@ -202,8 +202,8 @@ def test_direct_table_equals_general_loop_bitwise(schedule):
     got = from_root(got)
     for out, n_actions, n_listed, predicted in got:
         g_fast, l_fast, peak_fast, used = out["busy"]
-        g_gen, l_gen, peak_gen, _ = out["sleep"]
-        assert used  # the busy engine had its table
+        g_gen, l_gen, peak_gen, general = out["sleep"]
+        assert used and not general  # busy: the direct call; sleep: the general loop
         np.testing.assert_array_equal(g_fast, g_gen)
         np.testing.assert_array_equal(l_fast, l_gen)
         assert peak_fast == peak_gen == predicted
