@@ -159,7 +159,14 @@ class Dense(Layer):
         return x
 
     def backward_into(self, dy, cache, params, grads, out):
-        self.backward_params(dy, cache, params, grads)
+        """dL/dW += xᵀdy, dL/db += Σ_rows dy, and dL/dx = dy Wᵀ into ``out``.
+
+        ``backward_params`` written out, as this runs once per action in the engine.
+        """
+        if grads is not None:
+            gw, gb = grads
+            accumulate_outer(gw, cache, dy)
+            gb += dy.sum(axis=0)
         if out is not None:
             np.matmul(dy, params[0].T, out=out)
 

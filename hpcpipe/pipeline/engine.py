@@ -291,10 +291,11 @@ class Engine:
 
     def _local_views(self, vec: np.ndarray) -> list:
         """Per local stage, the parameter views of this rank's part of θ (or of a gradient)."""
-        offs = self._param_offs
+        # Stage.views with each stage's offset folded into its spans (made by _prepare);
+        # the size of ``vec`` is checked by ``evaluate``
         return [
-            own(st.views(vec[offs[u] : offs[u + 1]]))
-            for u, (st, own) in enumerate(zip(self.stages, self._owns))
+            own([[vec[a:b].reshape(s) for a, b, s in spans] for spans in layers])
+            for own, layers in self._spans
         ]
 
     def _prepare(self) -> None:
@@ -363,6 +364,11 @@ class Engine:
             i_fun, w_fun = splitters(st.layers, single)
             self._inputs.append(i_fun)
             self._weights.append(w_fun)
+        offs = self._param_offs
+        self._spans = [
+            (own, [[(a + offs[u], b + offs[u], sh) for a, b, sh in sp] for sp in st._spans])
+            for u, (st, own) in enumerate(zip(self.stages, self._owns))
+        ]
         plan = []
         for s, i, kind in self._placed:
             u = self._local[s]
@@ -411,6 +417,28 @@ class Engine:
                  u, fun, cost, emu, flags)
             )  # fmt: skip
         self._plan = plan
+        # the common case's table (``_call_direct``): only F and B; one short tuple per action
+        # (forward?, receive request, input, output, send request, kernel, local stage,
+        # stash key, item, target rows or None, last stage?) and the stash peak it reaches
+        self._fast = None
+        if all(a[0] != INPUT and a[0] != WEIGHT for a in plan):
+            fast, held, peak = [], 0, 0
+            for (kind, i, _k, j, _r0, _r1, rreq, _rs, _rb, _peer, x, out, sreq, _ss,
+                 u, fun, _c, _e, (_first, last)) in plan:  # fmt: skip
+                fwd = kind == FORWARD
+                held += 1 if fwd else -1
+                peak = max(peak, held)
+                tgt = self._t_rows[j] if fwd and last else None
+                fast.append((fwd, rreq, x, out, sreq, fun, u, u * n + i, i, tgt, last))
+            self._fast, self._fast_peak = fast, peak
+        waiter = self.waiter
+        self._direct = (
+            self._fast is not None
+            and waiter.policy == "busy"
+            and not waiter.timeout > 0
+            and not isinstance(self.clock, ModelClock)
+            and not self.layer_time > 0
+        )
         self._base_views = [own(st.views(st.flat)) for st, own in zip(self.stages, self._owns)]
         self._seeds: list = [None] * n
 
@@ -444,6 +472,10 @@ class Engine:
             raise ValueError(f"reduce {reduce!r}: choose mean or sum")
         if self._plan is None:
             self._prepare()
+        if self._direct and (
+            gamma == 0.0 if self.variable == "weights" else not self.holds_first
+        ):  # one point for every sample, and no input perturbation on this rank
+            return self._call_direct(point, reduce)
         M, m = self.microbatches, self.batch.m
         weights_var = self.variable == "weights"
         input_var = self.variable == "input" and self.holds_first
@@ -582,14 +614,19 @@ class Engine:
             )
         else:
             waiter.waitall(self._sends)
+        return self._finish(grad, t_first, t_end, reduce)
+
+    def _finish(self, grad: np.ndarray, t_first: float, t_end: float, reduce: str) -> OracleResult:
+        """End of a call: the mean over samples, then every rank gets the last stage's
+        item losses and the call's time, max over ranks of t_end − min of t_first."""
         self._t_first = t_first
-        origin = clock.origin
+        origin = self.clock.origin
         if origin != 0.0:  # the wall clock ticks raw perf_counter seconds
             t_first -= origin
             t_end -= origin
         if reduce == "mean" and self.samples > 1:
             grad /= self.samples
-        comm = self.comm
+        comm, item_losses = self.comm, self.item_losses
         if self.size > 1 and self._gather is not None:
             # one collective: every rank's (−t_first, t_end, losses); the last rank's
             # losses and the max of each time column are the two collectives' results
@@ -598,7 +635,8 @@ class Engine:
             mine[2:] = item_losses
             comm.Allgather([mine, MPI.DOUBLE], [every, MPI.DOUBLE])
             item_losses[:] = every[self.last_rank, 2:]
-            elapsed = every[:, 1].max() + every[:, 0].max()
+            neg_first, end = np.maximum.reduce(every[:, :2], axis=0)  # one reduction, exact
+            elapsed = end + neg_first
         elif self.size > 1:
             comm.Bcast([item_losses, MPI.DOUBLE], root=self.last_rank)
             self._tbuf[0], self._tbuf[1] = -t_first, t_end
@@ -606,8 +644,60 @@ class Engine:
             elapsed = self._tbuf[1] + self._tbuf[0]
         else:
             elapsed = t_end - t_first
-        losses = item_losses.reshape(self.samples, M).sum(axis=1)
+        losses = np.add.reduce(item_losses.reshape(self.samples, self.microbatches), axis=1)
         return OracleResult(losses, item_losses.copy(), grad, float(elapsed))
+
+    def _call_direct(self, point: np.ndarray, reduce: str) -> OracleResult:
+        """``evaluate`` in the common case (``self._direct``, one point for every sample):
+        the same actions, kernels and records as its general loop, from the short
+        per-action table ``self._fast``, with MPI waits called directly and nothing else
+        per action to branch on (no wait policy, model clock, emulation or samples)."""
+        point = np.ascontiguousarray(point, dtype=np.float64)
+        grad = np.zeros(self.local_size)
+        if self.variable == "weights":
+            gviews = self._local_views(grad)
+            if point is self._point:  # the array of the last call (e.g. updated in place)
+                base = self._point_views
+            else:
+                base = self._local_views(point)
+                self._point, self._point_views = point, base
+        else:  # the input is the variable and this rank does not hold stage 0
+            gviews, base = [None] * len(self.stages), self._base_views
+        head, seeds = self.stages[-1].head, self._seeds
+        item_losses = self.item_losses
+        item_losses[:] = 0.0
+        inv_m = 1.0 / self.batch.m
+        caches: dict[int, object] = {}
+        readys: list[float] = []
+        ends: list[float] = []
+        ready_add, end_add = readys.append, ends.append
+        self._readys, self._ends, self._events = readys, ends, None
+        clock = self.clock
+        tick = clock.tick
+        clock.reset()
+        MPI.Prequest.Startall(self._recvs)
+        t_first = t_end = tick()
+        for fwd, rreq, x, out, sreq, fun, u, key, i, tgt, last in self._fast:
+            if rreq is not None:
+                rreq.Wait()
+            ready_add(tick())
+            if fwd:
+                caches[key] = fun(x, base[u], out)
+                if last:
+                    item_losses[i], seeds[i] = head(out, tgt, inv_m)
+            else:
+                if last:
+                    x, seeds[i] = seeds[i], None
+                fun(x, caches.pop(key), base[u], gviews[u], out)
+            if sreq is not None:
+                sreq.Start()
+            end_add(tick())
+        if ends:
+            t_end = ends[-1]
+        self.peak_stash = self._fast_peak
+        if self._sends:
+            MPI.Request.Waitall(self._sends)
+        return self._finish(grad, t_first, t_end, reduce)
 
 
 def _first_of(views: list) -> list:

@@ -170,3 +170,42 @@ def test_perturbation_changes_the_numbers():
             res = losses
     losses = from_root(res)
     assert len(set(np.round(losses, 12))) == SAMPLES
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved-1f1b"])
+def test_direct_table_equals_general_loop_bitwise(schedule):
+    """Busy waits, γ = 0 and the weights as variable run the engine's short per-action
+    table; it gives bitwise the gradient, losses and stash peak of the general loop
+    (sleep waits), and its peak is the one ``schedules.peak_stash`` predicts."""
+    from hpcpipe.pipeline import schedules
+
+    spec = SPECS["mlp"]
+    batch = random_batch(spec, M, seed=9)
+    got = None
+    with sub_comm(2) as comm:
+        if comm != MPI.COMM_NULL:
+            out = {}
+            for wait in ("busy", "sleep"):
+                eng = Engine(
+                    comm, spec, batch, "weights", schedule, samples=SAMPLES,
+                    microbatches=MICRO, seed=5, wait=wait,
+                )  # fmt: skip
+                point = eng.initial_point() * 1.1
+                res = eng.evaluate(point, 0.0, 3, reduce="sum")
+                out[wait] = (res.grad, res.losses, eng.peak_stash, eng._direct)
+                n_actions = eng.events.shape[0]
+                sch = eng.schedule
+                eng.close()
+            predicted = schedules.peak_stash(sch)[comm.rank]
+            got = comm.gather((out, n_actions, len(sch.order[comm.rank]), predicted), root=0)
+    got = from_root(got)
+    for out, n_actions, n_listed, predicted in got:
+        g_fast, l_fast, peak_fast, used = out["busy"]
+        g_gen, l_gen, peak_gen, general = out["sleep"]
+        assert used and not general  # busy: the direct call; sleep: the general loop
+        np.testing.assert_array_equal(g_fast, g_gen)
+        np.testing.assert_array_equal(l_fast, l_gen)
+        assert peak_fast == peak_gen == predicted
+        assert n_actions == n_listed
+        assert np.abs(g_fast).max() > 0

@@ -39,9 +39,15 @@ class Case:
     ready: Callable[[], str | None] = lambda: None
 
 
-def _repeats(parser: argparse.ArgumentParser) -> None:
+DENSE_REPEATS = 31  # rounds of bench dense: three short steps each
+
+
+def _repeats(parser: argparse.ArgumentParser, default: int = 5) -> None:
     parser.add_argument(
-        "--repeats", type=int, default=5, help="repeats of each measurement (default 5)"
+        "--repeats",
+        type=int,
+        default=default,
+        help="repeats of each measurement (default %(default)s)",
     )
 
 
@@ -114,7 +120,9 @@ def _pipeline(args: argparse.Namespace, comm) -> int:
 
 def _dense_options(parser: argparse.ArgumentParser) -> None:
     _step_sizes(parser)
-    _repeats(parser)
+    # a round of the default cell takes about 2 ms; with 5 rounds one preempted round on a
+    # shared machine moved the median ratio a lot (four runs under load: 1.04 to 5.4)
+    _repeats(parser, DENSE_REPEATS)
 
 
 def _dense(args: argparse.Namespace, comm) -> int:
