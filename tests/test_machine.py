@@ -23,9 +23,10 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 LIBRARY = library_name()
 ALPHA, BETA, WAKE = 40e-6, 2e-9, 15e-6
 T_F, T_B, SLEEP = 30e-6, 45e-6, 2.1e-3
+NOISE = 12e-6
 
 
-def profile_data(ranks=4, library=LIBRARY, alpha=ALPHA, emulated=True) -> dict:
+def profile_data(ranks=4, library=LIBRARY, alpha=ALPHA, emulated=True, noise=True) -> dict:
     """A profile as plain data, as ``calibrate`` returns it, with known costs."""
     sizes = [8, 2048, 16384]
     msg = {
@@ -36,14 +37,14 @@ def profile_data(ranks=4, library=LIBRARY, alpha=ALPHA, emulated=True) -> dict:
         "hop_seconds": [alpha + BETA * b for b in sizes],
         "wakeup": WAKE,
     }
+    layer = {"rows": 1, "forward": T_F, "backward": T_B, "spread": 0.1}
+    if noise:
+        layer["noise"] = NOISE
     return {
         "machine": {"host": "h", "cores": 2, "mpi_library": library, "date": "d", "load_start": []},
         "placement": {"ranks": ranks, "hosts": ["h"], "ranks_per_host": ranks},
         "message": {p: dict(msg) for p in ("busy", "yield", "sleep")},
-        "layers": [
-            {"kind": k, "width": 16, "rows": 1, "forward": T_F, "backward": T_B, "spread": 0.1}
-            for k in ("orthogonal", "dense", "mlp")
-        ],
+        "layers": [{"kind": k, "width": 16, **layer} for k in ("orthogonal", "dense", "mlp")],
         "emulated": {"layer_time": 0.002, "sleep": SLEEP, "spread": 0.0} if emulated else {},
     }
 
@@ -113,6 +114,7 @@ def test_profile_round_trips_through_toml(tmp_path):
         (lambda t: t.replace('kind = "dense"', 'kind = "conv"'), "layers[1].kind"),
         (lambda t: t.replace("sizes = [8, 2048, 16384]", "sizes = [8]", 1), "hop_seconds"),
         (lambda t: t.replace(f"sleep = {SLEEP!r}", "sleep = nan"), "emulated.sleep"),
+        (lambda t: t.replace(f"noise = {NOISE!r}", "noise = -1.0", 1), "layers[0].noise"),
         (lambda t: t.replace("mpi_library", "mpi_lib"), "machine.mpi_library"),
     ],
 )
@@ -160,6 +162,58 @@ def test_cost_model_charges_the_profiles_seconds(tmp_path):
     assert c.t_forward == pytest.approx((T_F * 2 * 8 / 16, T_F * 2, T_F * 2 * 4 / 16), rel=1e-15)
     with pytest.raises(ConfigError, match="width 32"):
         prof.cost_model(ModelSpec("dense", depth=2, d_in=32, d_out=32), 1, "busy")
+
+
+def test_cost_model_charges_the_input_noise_on_the_first_forward(tmp_path):
+    """A call that smooths its input draws Z_k (rows × d_in) on the first block's
+    forward: the profile's ``noise``, scaled by rows·d_in/(rows_cal·w); nothing else."""
+    prof = read(write(tmp_path, profile_data()))
+    spec = ModelSpec("orthogonal", depth=3, d_in=16, d_out=16)
+    plain = prof.cost_model(spec, rows=1, policy="sleep")
+    c = prof.cost_model(spec, rows=1, policy="sleep", input_noise=True)
+    assert c.t_forward == (T_F + NOISE, T_F, T_F) and c.t_backward == plain.t_backward
+    two = prof.cost_model(spec, rows=2, policy="sleep", input_noise=True)
+    assert two.t_forward[0] == pytest.approx(2 * T_F + 2 * NOISE, rel=1e-15)
+    # an MLP 8 -> 16 -> 4: the noise has d_in = 8 values per row
+    mlp = ModelSpec("mlp", depth=2, d_in=8, d_out=4, width=16)
+    m = prof.cost_model(mlp, rows=1, policy="sleep", input_noise=True)
+    assert m.t_forward[0] - prof.cost_model(mlp, 1, "sleep").t_forward[0] == pytest.approx(
+        NOISE * 8 / 16, rel=1e-12
+    )
+
+
+def test_a_profile_without_noise_loads_and_charges_none(tmp_path):
+    """Profiles written before the ``noise`` field load; their draw is 0 (documented)."""
+    text = dumps(profile_data(noise=False))
+    assert "noise" not in text
+    prof = parse(text)
+    assert all(c.noise == 0.0 for c in prof.layers)
+    spec = ModelSpec("orthogonal", depth=2, d_in=16, d_out=16)
+    assert prof.cost_model(spec, 1, "busy", input_noise=True) == prof.cost_model(spec, 1, "busy")
+    assert parse(dumps(profile_data())).layers[0].noise == NOISE
+
+
+def test_the_recorded_run_says_whether_it_draws_input_noise():
+    from types import SimpleNamespace
+
+    from hpcpipe.studies.calibrated import input_noise
+
+    def rec(gamma, problem):
+        return SimpleNamespace(method={"gamma": gamma}, problem=problem, config={})
+
+    assert input_noise(rec(1e-3, {"name": "mlp-attack", "variable": "input"}))
+    assert not input_noise(rec(0.0, {"name": "nesterov-chain", "variable": "input"}))
+    assert not input_noise(rec(1e-3, {"name": "digits", "variable": "weights"}))
+    # results before the recorded variable: the chains smooth their input, others unknown
+    assert input_noise(rec(1e-3, {"name": "nesterov-chain"}))
+    assert not input_noise(rec(1e-3, {"name": "digits"}))
+
+
+def test_calibrate_times_the_noise_draw():
+    from hpcpipe.machine.calibrate import layer_times
+
+    got = layer_times("orthogonal", 16, 1, 0.002, 3)
+    assert got["noise"] > 0 and np.isfinite(got["noise"])
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "sequential"])

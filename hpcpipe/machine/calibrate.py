@@ -19,6 +19,9 @@ OSU-style loops on preallocated buffers, through the engine's own channel
   the forward and backward of one item (``rows`` × width) through one block
   of each built-in kind; blocks of repeats sized to ``block`` seconds,
   median over blocks.
+* **noise**: with the layers, rank 0 times the draw of one item's Gaussian
+  smoothing noise (``rng.noise``, rows × width), what the first stage of a
+  run that smooths its input pays per sample.
 * **emulated**: rank 0 times ``time.sleep(layer_time)``, what an emulated
   action costs.
 * **action overhead** (per wait policy): the engine itself runs one GPipe
@@ -236,6 +239,7 @@ def layer_times(kind: str, width: int, rows: int, block: float, blocks: int) -> 
     model: an MLP block is Dense + ReLU); parameter gradients are accumulated for the
     kinds that have parameters, as a training run does.
     """
+    from hpcpipe.model import rng
     from hpcpipe.model.layers import backward_layers_into, forward_layers_into
     from hpcpipe.model.stages import ModelSpec
 
@@ -252,6 +256,12 @@ def layer_times(kind: str, width: int, rows: int, block: float, blocks: int) -> 
     bwd = _repeat(
         lambda: backward_layers_into(layers, dy, caches, params, grads, dx), block, blocks
     )
+    # the smoothing noise Z_k of one item, drawn as the engine draws it (a counter-based
+    # generator per (call, sample), rows × width normals, x + γZ_k)
+    draws = iter(range(1 << 62))
+    noise = _repeat(
+        lambda: x + 0.5 * rng.noise(0, 0, rng.INPUT_PARAM_ID, next(draws), x.shape), block, blocks
+    )
     return {
         "kind": kind,
         "width": width,
@@ -259,6 +269,7 @@ def layer_times(kind: str, width: int, rows: int, block: float, blocks: int) -> 
         "forward": float(np.median(fwd)),
         "backward": float(np.median(bwd)),
         "spread": max(spread(fwd), spread(bwd)),
+        "noise": float(np.median(noise)),
     }
 
 

@@ -6,6 +6,10 @@ by hand). With ``machine = PROFILE`` the model clock and the simulator charge
 * an action of one block: the profile's measured forward / backward time of
   the block's layer kind at the run's width (plus the measured duration of
   the emulated ``layer_time`` when the run emulates layers);
+* the Gaussian smoothing noise of a run that smooths its input (PPRS, γ ≠ 0, the
+  input as variable): the first stage draws Z_k for each sample at its first
+  forward (``engine.evaluate``, ``rng.noise``); the profile's measured draw of
+  one item (``noise``) is added to the first block's forward;
 * a message of n payload bytes: α + n·β of the run's wait policy, fitted on
   the relay of that policy at the profile's rank count (docs in
   ``calibrate``), which includes waking the receiving rank;
@@ -30,7 +34,10 @@ Schema (``SCHEMA = 1``)::
     [message.<wait policy>]  alpha (s), beta (s/byte), residual, sizes (bytes),
                  hop_seconds (measured medians), wakeup (s), action_overhead (s per
                  action, optional: 0 when absent)
-    [[layers]]   kind, width, rows, forward (s), backward (s), spread
+    [[layers]]   kind, width, rows, forward (s), backward (s), spread, noise (s to draw
+                 one item's Gaussian smoothing noise, rows × width values; optional:
+                 0 when absent, i.e. profiles written before it predict smoothed
+                 runs without the draw)
     [emulated]   layer_time (s, as set), sleep (s, measured duration), spread
 
 Every field is checked on reading; a bad one is named in a one-line
@@ -80,6 +87,7 @@ class LayerCost:
     forward: float
     backward: float
     spread: float = 0.0
+    noise: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -176,7 +184,13 @@ class MachineProfile:
                 )
 
     def cost_model(
-        self, spec, rows: int, policy: str, layer_time: float = 0.0, stages: int = 0
+        self,
+        spec,
+        rows: int,
+        policy: str,
+        layer_time: float = 0.0,
+        stages: int = 0,
+        input_noise: bool = False,
     ) -> CostModel:
         """Per-block (t_F, t_B) and the message α, β of ``policy`` for model ``spec``, seconds.
 
@@ -185,6 +199,11 @@ class MachineProfile:
         calibrated), plus the emulated action's measured duration, plus the engine's
         action overhead o of the policy spread over the blocks of a stage
         (o·stages/depth per block; ``stages`` 0: one block per stage).
+
+        ``input_noise`` (a run that smooths its input: γ ≠ 0, variable = input): the
+        first block's forward also draws the sample's noise Z_k of rows × d_in values,
+        charged t_noise(kind, w)·(rows·d_in)/(rows_cal·w) (exact at the calibrated
+        width and rows; 0 for a profile that predates the ``noise`` field).
         """
         msg = self.message(policy)
         if getattr(spec, "kind", None) not in KINDS:
@@ -205,6 +224,8 @@ class MachineProfile:
             scale = (rows * dims[b] * dims[b + 1]) / (cal.rows * w * w)
             tf.append(cal.forward * scale + extra)
             tb.append(cal.backward * scale + extra)
+        if input_noise:
+            tf[0] += cal.noise * (rows * dims[0]) / (cal.rows * w)
         return CostModel(tuple(tf), tuple(tb), msg.alpha, msg.beta)
 
 
@@ -310,6 +331,7 @@ def parse(text: str, path: str = "") -> MachineProfile:
                 _num(entry, "forward", where),
                 _num(entry, "backward", where),
                 _num(entry, "spread", where) if "spread" in entry else 0.0,
+                _num(entry, "noise", where) if "noise" in entry else 0.0,
             )
         )
     emulated = None
@@ -407,6 +429,7 @@ def dumps(profile: dict) -> str:
                     "forward": "s per forward of one item through one block",
                     "backward": "s per backward of one item through one block",
                     "spread": "relative interquartile range of the repeats",
+                    "noise": "s to draw one item's Gaussian smoothing noise (rows x width)",
                 },
             ),
         ]

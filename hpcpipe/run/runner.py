@@ -96,12 +96,14 @@ def check_depth(cfg: RunConfig, prob: Problem) -> None:
         )
 
 
-def cost_model(cfg: RunConfig, prob: Problem, n_ranks: int) -> CostModel:
+def cost_model(cfg: RunConfig, prob: Problem, n_ranks: int, gamma: float = 0.0) -> CostModel:
     """The model clock's costs: the τ-unit settings, or the machine profile's seconds.
 
     With ``machine``, per-block t_F, t_B from the profile's layer times at the
     model's width and the rows of the largest work item, α, β of the wait
-    policy the run uses at its rank (or stage) count (``machine.profile``).
+    policy the run uses at its rank (or stage) count (``machine.profile``), and,
+    for calls that smooth the input (``gamma`` ≠ 0, variable = input), the
+    profile's draw of the noise Z_k on the first block's forward.
     """
     if not cfg.machine:
         return CostModel.uniform(prob.depth, cfg.t_forward, cfg.t_backward, cfg.alpha, cfg.beta)
@@ -113,7 +115,10 @@ def cost_model(cfg: RunConfig, prob: Problem, n_ranks: int) -> CostModel:
     rows = max(r1 - r0 for r0, r1 in microbatch_bounds(prob.batch.m, cfg.n_micro))
     profile = read(cfg.machine)
     policy = machine_policy(cfg, ranks)
-    return profile.cost_model(prob.spec, rows, policy, cfg.layer_time, stages=ranks)
+    noise = gamma != 0.0 and prob.variable == "input"
+    return profile.cost_model(
+        prob.spec, rows, policy, cfg.layer_time, stages=ranks, input_noise=noise
+    )
 
 
 def make_method(cfg: RunConfig, prob: Problem) -> tuple[Optimizer, int]:
@@ -154,7 +159,7 @@ class Run:
         self.cfg, self.comm, self.prob, self.opt, self.T = cfg, comm, prob, opt, T
         self.on_iteration = on_iteration
         self.stack = stack
-        costs = self.costs = cost_model(cfg, prob, comm.size)
+        costs = self.costs = cost_model(cfg, prob, comm.size, opt.gamma)
         make = EXECUTORS.get(cfg.executor)
         common = {k: getattr(cfg, k) for k in ("schedule", "seed", "clock", "wait", "timeout")}
         common.update(variable=prob.variable, weights=prob.weights, costs=costs, stages=cfg.stages)
@@ -171,8 +176,9 @@ class Run:
         )
         self.ev: Executor | None = None
         if cfg.eval_every:
+            plain = {**common, "costs": cost_model(cfg, prob, comm.size)}  # γ = 0 calls
             self.ev = stack.enter_context(
-                make(comm, prob.spec, prob.batch, samples=1, microbatches=prob.batch.m, **common)
+                make(comm, prob.spec, prob.batch, samples=1, microbatches=prob.batch.m, **plain)
             )
         clear_block_cache()  # both executors hold their layers now
         self.project = prob.project if comm.rank == 0 else (lambda v: v)
@@ -674,6 +680,7 @@ def _open_writer(cfg: RunConfig, comm, prob: Problem, opt: Optimizer, T: int, ru
                 **prob.constants(),
                 "entry": cfg.problem,
                 "module": entry.build.__module__,
+                "variable": prob.variable,
                 **model_fields(prob.spec),
             }
         ),

@@ -10,6 +10,9 @@ seconds, the simulator's makespan of σ(S, n) under the profile's costs
   (scaled by rows·n_in·n_out for blocks that are not square), plus the measured
   duration of the emulated action when the run emulates layers (``layer_time``), plus
   the engine's action overhead of the wait policy;
+* the first block's forward of a run that smooths its input (γ ≠ 0, variable =
+  input: PPRS on the chains) also draws the sample's Gaussian noise, charged the
+  profile's measured draw (``noise`` of its ``[[layers]]``; ``input_noise``);
 * a message of item i across boundary s: α + bytes·β of the run's wait policy, with
   bytes = rows_i · width_s · 8.
 
@@ -70,6 +73,24 @@ def wait_policy(r, prof) -> str:
     return policy
 
 
+def input_noise(r) -> bool:
+    """Whether the recorded run smooths its input (γ ≠ 0 and θ is the input), so that
+    its first stage draws the noise Z_k of each sample.
+
+    Results that predate the recorded ``problem["variable"]`` are known for the chain
+    problems (their variable is the input); other problems are taken as not drawing it.
+    """
+    gamma = float(r.method.get("gamma", r.config.get("gamma", 0.0)) or 0.0)
+    if gamma == 0.0:
+        return False
+    problem = r.problem or {}
+    variable = problem.get("variable")
+    if variable is None:
+        name = str(problem.get("name") or r.config.get("problem", ""))
+        variable = "input" if name.endswith("chain") else ""
+    return variable == "input"
+
+
 def iteration_seconds(r, schedule: str = "") -> float:
     """The calibrated model's seconds for one oracle call of the recorded run ``r`` on
     ``schedule`` (default: the run's own), one stage per MPI rank.
@@ -102,6 +123,7 @@ def iteration_seconds(r, schedule: str = "") -> float:
         wait_policy(r, prof),
         float(r.config.get("layer_time", 0.0)),
         stages=S,
+        input_noise=input_noise(r),
     )
     tf, tb = stage_times(costs, spec.depth, S)
     msg = None
@@ -112,4 +134,4 @@ def iteration_seconds(r, schedule: str = "") -> float:
     return simulate(build(schedule or str(r.config["schedule"]), S, n), tf, tb, msg).makespan
 
 
-__all__ = ["iteration_seconds", "model_fields", "model_spec", "wait_policy"]
+__all__ = ["input_noise", "iteration_seconds", "model_fields", "model_spec", "wait_policy"]
