@@ -35,6 +35,7 @@ quantity ``schedules.peak_stash`` predicts from the lists.
 from __future__ import annotations
 
 import functools
+import math
 import socket
 import time
 from dataclasses import dataclass
@@ -248,6 +249,7 @@ class Engine:
         self.holds_first = self.local_stages[0] == 0
         self.holds_last = self.local_stages[-1] == S - 1
         self.last_rank = placement[S - 1]
+        self.first_rank = placement[0]
         if variable == "input":
             self.local_size = batch.m * spec.d_in if self.holds_first else 0
         else:
@@ -618,7 +620,14 @@ class Engine:
 
     def _finish(self, grad: np.ndarray, t_first: float, t_end: float, reduce: str) -> OracleResult:
         """End of a call: the mean over samples, then every rank gets the last stage's
-        item losses and the call's time, max over ranks of t_end − min of t_first."""
+        item losses and the call's time: max over ranks of t_end − t_first of the rank that
+        holds stage 0.
+
+        The pipeline starts there: every other rank's first action waits for a message
+        that stage 0's first forward starts, so a rank that enters the call earlier (it
+        had less to do between calls than rank 0, which updates θ) only waits, and the
+        model's makespan (``simulator``) starts at stage 0's first action too. On the
+        model clock every rank's t_first is 0, so the figure is unchanged there."""
         self._t_first = t_first
         origin = self.clock.origin
         if origin != 0.0:  # the wall clock ticks raw perf_counter seconds
@@ -635,11 +644,12 @@ class Engine:
             mine[2:] = item_losses
             comm.Allgather([mine, MPI.DOUBLE], [every, MPI.DOUBLE])
             item_losses[:] = every[self.last_rank, 2:]
-            neg_first, end = np.maximum.reduce(every[:, :2], axis=0)  # one reduction, exact
-            elapsed = end + neg_first
+            end = np.maximum.reduce(every[:, 1])  # one reduction, exact
+            elapsed = end + every[self.first_rank, 0]
         elif self.size > 1:
             comm.Bcast([item_losses, MPI.DOUBLE], root=self.last_rank)
-            self._tbuf[0], self._tbuf[1] = -t_first, t_end
+            self._tbuf[0] = -t_first if self.rank == self.first_rank else -math.inf
+            self._tbuf[1] = t_end
             comm.Allreduce(MPI.IN_PLACE, [self._tbuf, MPI.DOUBLE], op=MPI.MAX)
             elapsed = self._tbuf[1] + self._tbuf[0]
         else:
