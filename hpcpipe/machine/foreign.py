@@ -15,6 +15,9 @@ the job on that host (``os.times``). The job's launcher and the sweep driver, wh
 wait, count as foreign (a few ms). The result is the largest value over the job's hosts,
 so a job on several nodes is quiet only when every node is. Where ``/proc/stat`` is
 missing (not Linux) the figure is NaN and the callers fall back to the load average.
+``/proc/stat`` counts clock ticks (10 ms per CPU), so over a span of t seconds the
+figure is within about 2·cores·0.01/t cores: fine for the seconds a wall-clock study run
+lasts, coarse for a run under a second.
 
 A machine is busy for wall-clock verdicts when other processes used more than
 ``BUSY_SHARE`` of its cores on average (``busy``).
@@ -47,9 +50,10 @@ def host_busy_seconds(path: str = "/proc/stat") -> float:
 
 
 def own_cpu_seconds() -> float:
-    """User + system CPU seconds of this process, all its threads."""
-    t = os.times()
-    return t.user + t.system
+    """User + system CPU seconds of this process, all its threads, at nanosecond
+    resolution (``time.process_time``: ``os.times`` counts whole clock ticks, and 32 ranks
+    each rounding by a tick misread a short run by a third of a core)."""
+    return time.process_time()
 
 
 def foreign_cores(busy: float, own: float, wall: float) -> float:
