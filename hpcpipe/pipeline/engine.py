@@ -419,28 +419,6 @@ class Engine:
                  u, fun, cost, emu, flags)
             )  # fmt: skip
         self._plan = plan
-        # the common case's table (``_call_direct``): only F and B; one short tuple per action
-        # (forward?, receive request, input, output, send request, kernel, local stage,
-        # stash key, item, target rows or None, last stage?) and the stash peak it reaches
-        self._fast = None
-        if all(a[0] != INPUT and a[0] != WEIGHT for a in plan):
-            fast, held, peak = [], 0, 0
-            for (kind, i, _k, j, _r0, _r1, rreq, _rs, _rb, _peer, x, out, sreq, _ss,
-                 u, fun, _c, _e, (_first, last)) in plan:  # fmt: skip
-                fwd = kind == FORWARD
-                held += 1 if fwd else -1
-                peak = max(peak, held)
-                tgt = self._t_rows[j] if fwd and last else None
-                fast.append((fwd, rreq, x, out, sreq, fun, u, u * n + i, i, tgt, last))
-            self._fast, self._fast_peak = fast, peak
-        waiter = self.waiter
-        self._direct = (
-            self._fast is not None
-            and waiter.policy == "busy"
-            and not waiter.timeout > 0
-            and not isinstance(self.clock, ModelClock)
-            and not self.layer_time > 0
-        )
         self._base_views = [own(st.views(st.flat)) for st, own in zip(self.stages, self._owns)]
         self._seeds: list = [None] * n
 
@@ -474,10 +452,6 @@ class Engine:
             raise ValueError(f"reduce {reduce!r}: choose mean or sum")
         if self._plan is None:
             self._prepare()
-        if self._direct and (
-            gamma == 0.0 if self.variable == "weights" else not self.holds_first
-        ):  # one point for every sample, and no input perturbation on this rank
-            return self._call_direct(point, reduce)
         M, m = self.microbatches, self.batch.m
         weights_var = self.variable == "weights"
         input_var = self.variable == "input" and self.holds_first
@@ -656,58 +630,6 @@ class Engine:
             elapsed = t_end - t_first
         losses = np.add.reduce(item_losses.reshape(self.samples, self.microbatches), axis=1)
         return OracleResult(losses, item_losses.copy(), grad, float(elapsed))
-
-    def _call_direct(self, point: np.ndarray, reduce: str) -> OracleResult:
-        """``evaluate`` in the common case (``self._direct``, one point for every sample):
-        the same actions, kernels and records as its general loop, from the short
-        per-action table ``self._fast``, with MPI waits called directly and nothing else
-        per action to branch on (no wait policy, model clock, emulation or samples)."""
-        point = np.ascontiguousarray(point, dtype=np.float64)
-        grad = np.zeros(self.local_size)
-        if self.variable == "weights":
-            gviews = self._local_views(grad)
-            if point is self._point:  # the array of the last call (e.g. updated in place)
-                base = self._point_views
-            else:
-                base = self._local_views(point)
-                self._point, self._point_views = point, base
-        else:  # the input is the variable and this rank does not hold stage 0
-            gviews, base = [None] * len(self.stages), self._base_views
-        head, seeds = self.stages[-1].head, self._seeds
-        item_losses = self.item_losses
-        item_losses[:] = 0.0
-        inv_m = 1.0 / self.batch.m
-        caches: dict[int, object] = {}
-        readys: list[float] = []
-        ends: list[float] = []
-        ready_add, end_add = readys.append, ends.append
-        self._readys, self._ends, self._events = readys, ends, None
-        clock = self.clock
-        tick = clock.tick
-        clock.reset()
-        MPI.Prequest.Startall(self._recvs)
-        t_first = t_end = tick()
-        for fwd, rreq, x, out, sreq, fun, u, key, i, tgt, last in self._fast:
-            if rreq is not None:
-                rreq.Wait()
-            ready_add(tick())
-            if fwd:
-                caches[key] = fun(x, base[u], out)
-                if last:
-                    item_losses[i], seeds[i] = head(out, tgt, inv_m)
-            else:
-                if last:
-                    x, seeds[i] = seeds[i], None
-                fun(x, caches.pop(key), base[u], gviews[u], out)
-            if sreq is not None:
-                sreq.Start()
-            end_add(tick())
-        if ends:
-            t_end = ends[-1]
-        self.peak_stash = self._fast_peak
-        if self._sends:
-            MPI.Request.Waitall(self._sends)
-        return self._finish(grad, t_first, t_end, reduce)
 
 
 def _first_of(views: list) -> list:
