@@ -311,9 +311,15 @@ def series_style(i: int) -> dict:
     }
 
 
+LEGEND_ROWS = 18  # entries per legend column that fit beside a 4.6-inch-high figure
+
+
 def legend_outside(ax) -> None:
-    """The legend to the right of the axes, where it can cover no curve."""
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    """The legend to the right of the axes, where it can cover no curve; in columns of at
+    most LEGEND_ROWS entries, so that a long one is not cut off below the figure."""
+    n = len(ax.get_legend_handles_labels()[0])
+    ncol = max(1, -(-n // LEGEND_ROWS))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False, ncol=ncol)
 
 
 def save_figure(fig, outdir: Path, name: str, res: StudyResult) -> None:
