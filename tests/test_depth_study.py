@@ -306,3 +306,39 @@ def test_theory_crossover_row_is_enforced_where_the_counts_predict_it():
     assert row.ok is False and row.kind == "bound" and row.word == "VIOLATED"
     assert depth._predicted_crossover(128.0, 4096, 1.4, 1.3, [], []).ok is True
     assert depth._predicted_crossover(16.0, 2048, 0.3, 0.27, [], []).ok is None
+
+
+def test_budgeted_tuning_chooses_what_full_tuning_chooses(tmp_path, monkeypatch):
+    """``run_tuning`` stops a tuning run at the best time to ε so far; the factors chosen
+    are those of the full runs, and a step that does not reach ε stops at that time."""
+    from hpcpipe.studies import depth_runs
+
+    plan = DepthPlan(
+        out=str(tmp_path / "budget"),
+        problem="nesterov-chain",
+        xs=(16.0,),
+        methods=("gd", "pprs"),
+        factors=(1 / 16, 1.0, 4.0, 64.0),
+        workers=1,
+    )
+    best = depth_runs.tune(plan, log=lambda *a: None)
+    cut = [r for r in load_records(tmp_path / "budget") if r.config.get("time_budget")]
+    assert cut, "no tuning run was given a budget"
+    stopped = 0
+    for r in cut:
+        t, gap = r.it["pipeline_time"], r.it["gap"]
+        if gap[-1] <= r.config["epsilon"]:  # a better step: it reached ε before the budget
+            assert t[-1] <= r.config["time_budget"]
+            continue
+        assert t[-1] >= r.config["time_budget"] > t[-2]  # stopped by its budget, not before
+        assert len(t) < r.config["iterations"]
+        stopped += 1
+    assert stopped, "no tuning run was stopped by its budget"
+
+    def full(group):  # the same runs without budgets
+        return [depth_runs.run_point(item) for item in group]
+
+    monkeypatch.setattr(depth_runs, "run_tuning", full)
+    full_plan = dataclasses.replace(plan, out=str(tmp_path / "full"))
+    assert depth_runs.tune(full_plan, log=lambda *a: None) == best
+    assert not any(r.config.get("time_budget") for r in load_records(tmp_path / "full"))

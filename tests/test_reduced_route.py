@@ -146,3 +146,54 @@ def test_memo_returns_what_the_computation_gives():
         assert np.array_equal(np.asarray(a.column(c)), np.asarray(b.column(c)), equal_nan=True)
     ta, tb = np.asarray(a.column("pipeline_time")), np.asarray(b.column("pipeline_time"))
     assert tb[-1] > ta[-1]
+
+
+@pytest.mark.parametrize("opt", ["gd", "agd", "pprs"])
+def test_side_by_side_points_equal_the_points_run_one_by_one(opt, tmp_path, monkeypatch):
+    """``depth_runs.run_side_by_side`` (``runner.run_together``): the reduced points of a
+    group, iteration by iteration, write what each run alone writes (every column but the
+    wall time, bitwise), and each call is computed once for the whole group."""
+    from hpcpipe.run.results import load
+    from hpcpipe.studies import depth_runs
+
+    depths = (2, 16, 64)
+    items = {
+        mode: [
+            (f"{opt}-D{D}", _values(opt, D, "reduced"), str(tmp_path / mode / f"D{D}.h5"))
+            for D in depths
+        ]
+        for mode in ("alone", "beside")
+    }
+    calls = {"n": 0}
+    inner = simulated.SimulatedPipeline.evaluate
+
+    def counting(self, *a, **k):
+        calls["n"] += 1
+        return inner(self, *a, **k)
+
+    monkeypatch.setattr(simulated.SimulatedPipeline, "evaluate", counting)
+    counts = {}
+    for mode in ("alone", "beside"):
+        reduced.clear_memo()
+        (tmp_path / mode).mkdir()
+        calls["n"] = 0
+        if mode == "alone":
+            got = [depth_runs.run_point(item) for item in items[mode]]
+            reduced.clear_memo()
+            calls["n"] = 0
+            label, values, _ = items[mode][0]
+            depth_runs.run_point((label, values, str(tmp_path / "one.h5")))  # one run's calls
+        else:
+            got = depth_runs.run_side_by_side(items[mode])
+        counts[mode] = calls["n"]
+        items[mode] = (got, [load(p) for _, _, p in items[mode]])
+    (alone, fa), (beside, fb) = items["alone"], items["beside"]
+    assert counts["beside"] == counts["alone"]  # the deeper points computed nothing
+    for a, b, ra, rb in zip(alone, beside, fa, fb):
+        assert a["label"] == b["label"] and a["iterations"] == b["iterations"]
+        assert a["time"] == b["time"] or (math.isnan(a["time"]) and math.isnan(b["time"]))
+        assert ra.status == rb.status
+        for c in ("iteration", "loss", "f", "gap", "pipeline_time"):
+            np.testing.assert_array_equal(ra.iterations[c], rb.iterations[c], err_msg=c)
+    times = [r.iterations["pipeline_time"][-1] for r in fb]
+    assert times[0] < times[1] < times[2]  # each timed at its own depth

@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from hpcpipe.studies.report import STUDIES as REPORT_STUDIES
@@ -68,4 +69,43 @@ def test_unknown_study_is_refused_before_any_work(tmp_path):
     )
     assert res.returncode == 2
     assert "--only" in res.stderr and "nope" in res.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_wall_clock_studies_run_alone_first_and_the_rest_jobs_at_a_time(monkeypatch, tmp_path):
+    import threading
+
+    mod = _load()
+    spans, lock = {}, threading.Lock()
+
+    def fake(name, steps, out):
+        t0 = time.perf_counter()
+        time.sleep(0.05)
+        with lock:
+            spans[name] = (t0, time.perf_counter())
+        return {"study": name, "wall_s": 0.05, "cpu_s": 0.0}
+
+    monkeypatch.setattr(mod, "run_study", fake)
+    names = list(mod.STUDIES)
+    rows = mod.run_all(names, tmp_path, jobs=2)
+    assert sorted(r["study"] for r in rows) == sorted(names)
+    wall = [spans[n] for n in mod.WALL_CLOCK]
+    rest = [spans[n] for n in names if n not in mod.WALL_CLOCK]
+    assert wall[0][1] <= wall[1][0]  # one after the other
+    assert max(end for _, end in wall) <= min(start for start, _ in rest)  # nothing beside
+    events = sorted([(s, 1) for s, _ in rest] + [(e, -1) for _, e in rest])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    assert peak == 2
+
+
+def test_jobs_below_one_is_refused(tmp_path):
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "--jobs", "0", "--out", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 2 and "--jobs" in res.stderr
     assert not (tmp_path / "r").exists()

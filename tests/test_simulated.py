@@ -65,6 +65,25 @@ def test_simulated_equals_reference(variable, kind, head):
         np.testing.assert_allclose(res.losses, losses, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize(
+    "variable,kind,head", [("weights", "mlp", "cross_entropy"), ("input", "orthogonal", "squared")]
+)
+def test_losses_without_the_gradient_are_the_same_losses(variable, kind, head, monkeypatch):
+    """``evaluate(gradient=False)`` (the runner's f(θ)): the losses bitwise, no backward."""
+    spec = ModelSpec(kind, depth=3, d_in=5, d_out=5, width=4, head=head, seed=2)
+    batch = random_batch(spec, 4, seed=3)
+    sim = SimulatedPipeline(spec, batch, variable, "gpipe", samples=3, microbatches=2, seed=5)
+    p = sim.initial_point() + 0.05
+    full = sim.evaluate(p, 0.2, call=3)
+    backward = []
+    monkeypatch.setattr(sim, "_backward", lambda *a: backward.append(1))
+    only = sim.evaluate(p, 0.2, call=3, gradient=False)
+    assert not backward and only.grad.size == 0
+    assert np.array_equal(only.losses, full.losses)
+    assert np.array_equal(only.item_losses, full.item_losses)
+    assert only.time == full.time
+
+
 def test_timing_simulated_once_and_equal_to_closed_form(monkeypatch):
     calls = []
     real = simulated.simulate

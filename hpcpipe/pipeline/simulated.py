@@ -253,6 +253,9 @@ class SimulatedPipeline:
     """
 
     executor = "simulated"
+    # a call's time is the simulator's makespan: it depends on (schedule, S, n, costs),
+    # never on the values, so an answer computed once may serve an equal call (runner)
+    timed_by_model = True
 
     def __init__(
         self,
@@ -406,9 +409,17 @@ class SimulatedPipeline:
         return dz
 
     def evaluate(
-        self, point: np.ndarray, gamma: float = 0.0, call: int = 0, reduce: str = "mean"
+        self,
+        point: np.ndarray,
+        gamma: float = 0.0,
+        call: int = 0,
+        reduce: str = "mean",
+        gradient: bool = True,
     ) -> OracleResult:
-        """Loss and gradient at ``point`` (the whole θ), with the simulated pipeline time."""
+        """Loss and gradient at ``point`` (the whole θ), with the simulated pipeline time.
+
+        ``gradient = False``: the losses only, with no backward pass (``grad`` is empty):
+        the same forward pass and heads, so the same losses bitwise, for f(θ) (runner)."""
         if point.shape != (self.local_size,):
             raise ValueError(f"point has shape {point.shape}, expected ({self.local_size},)")
         if reduce not in ("mean", "sum"):
@@ -416,15 +427,15 @@ class SimulatedPipeline:
         K = self.samples
         item_losses = np.zeros(self.n_items)
         if self.variable == "input":
-            grad = self._input_call(point, gamma, call, item_losses)
+            grad = self._input_call(point, gamma, call, item_losses, gradient)
         else:
-            grad = self._weights_call(point, gamma, call, item_losses)
-        if reduce == "mean":
+            grad = self._weights_call(point, gamma, call, item_losses, gradient)
+        if reduce == "mean" and gradient:
             grad /= K
         losses = item_losses.reshape(K, self.microbatches).sum(axis=1)
         return OracleResult(losses, item_losses, grad, self.timing.makespan)
 
-    def _input_call(self, point, gamma, call, item_losses) -> np.ndarray:
+    def _input_call(self, point, gamma, call, item_losses, gradient=True) -> np.ndarray:
         """θ = δ: the K perturbed inputs x + δ + γZ_k go through the layers as one batch."""
         K, m, d = self.samples, self.batch.m, self.spec.d_in
         x0 = self.batch.x + point.reshape(m, d)
@@ -440,19 +451,22 @@ class SimulatedPipeline:
         dz = np.empty_like(z)
         for k in range(K):
             dz[k] = self._head(z[k], k, item_losses)
+        if not gradient:
+            return np.empty(0)
         dx = self._backward(dz.reshape(K * m, -1), cache, base, None)
         return dx.reshape(K, m * d).sum(axis=0)
 
-    def _weights_call(self, point, gamma, call, item_losses) -> np.ndarray:
+    def _weights_call(self, point, gamma, call, item_losses, gradient=True) -> np.ndarray:
         """θ = the weights: sample k evaluates the whole batch at θ + γZ_k."""
         mdl = self.model
-        grad = np.zeros(self.local_size)
-        gviews = mdl.views(grad)
+        grad = np.zeros(self.local_size if gradient else 0)
+        gviews = mdl.views(grad) if gradient else None
         for k in range(self.samples):
             params = mdl.views(mdl.perturbed(point, gamma, self.seed, call, k))
             z, cache = self._forward(self.batch.x, params)
             dz = self._head(z, k, item_losses)
-            self._backward(dz, cache, params, gviews)
+            if gradient:
+                self._backward(dz, cache, params, gviews)
         return grad
 
 

@@ -32,6 +32,7 @@ from hpcpipe.model.stages import clear_block_cache, stage_offsets
 from hpcpipe.optim import OPTIMIZERS, Optimizer, OptState
 from hpcpipe.optim.methods import theory_plan
 from hpcpipe.pipeline.clocks import CostModel
+from hpcpipe.pipeline.engine import OracleResult
 from hpcpipe.pipeline.executors import EXECUTORS, Executor
 from hpcpipe.pipeline.recording import Recorder, recorder_for
 from hpcpipe.problems import PROBLEMS, Problem
@@ -181,6 +182,17 @@ class Run:
                 make(comm, prob.spec, prob.batch, samples=1, microbatches=prob.batch.m, **plain)
             )
         clear_block_cache()  # both executors hold their layers now
+        # f(θ) evaluated by the oracle's own executor, its answer kept for the next call
+        # (``exact_f``): only where that is the same computation (γ = 0, K = 1, the
+        # evaluator's row split) and a call's time does not depend on running it
+        self.reuse_f = bool(
+            self.ev is not None
+            and getattr(self.eng, "timed_by_model", False)
+            and opt.gamma == 0.0
+            and opt.samples == 1
+            and cfg.n_micro == prob.batch.m
+        )
+        self.kept: tuple[np.ndarray, OracleResult] | None = None
         self.project = prob.project if comm.rank == 0 else (lambda v: v)
         self.state: OptState = opt.init(self.eng.initial_point(), self.project)
         self.offsets = _offsets(prob, comm)
@@ -284,16 +296,39 @@ class Run:
         self.comm.Allreduce(MPI.IN_PLACE, [self.red[:1], MPI.DOUBLE], op=MPI.SUM)
         return value + self.red[0]
 
-    def exact_f(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
-        """f(θ) without smoothing, and the per-item losses (for the problem's metrics)."""
-        res = self.ev.evaluate(theta)
+    def exact_f(self, theta: np.ndarray, call: int = 0) -> tuple[float, np.ndarray]:
+        """f(θ) without smoothing, and the per-item losses (for the problem's metrics).
+
+        With ``reuse_f`` it is the oracle's call ``call`` at θ with γ = 0, kept with θ:
+        when the next oracle call is at that same array (GD: y_{t+1} = θ_{t+1}; the
+        optimizers return new arrays and never write into θ) it is that answer, bitwise,
+        where it would otherwise be computed twice (``oracle``).
+        Otherwise, on an executor timed by the model, the losses alone (no backward)."""
+        if self.reuse_f:
+            res = self.eng.evaluate(theta, 0.0, call=call)
+            self.kept = (theta, res)
+        elif getattr(self.ev, "timed_by_model", False):  # no backward pass: f only
+            res = self.ev.evaluate(theta, gradient=False)
+        else:
+            res = self.ev.evaluate(theta)
         return self.penalised(res.loss, theta), res.item_losses
+
+    def oracle(self, y: np.ndarray, it: int) -> OracleResult:
+        """The oracle's answer at y for call ``it``: the kept f(θ) call when it was at y
+        (``exact_f``), else the executor's."""
+        kept, self.kept = self.kept, None
+        if kept is not None and kept[0] is y:
+            return kept[1]
+        return self.eng.evaluate(y, self.opt.gamma, call=it)
 
     def initial_gap(self) -> None:
         """f(θ₀) (the level a run "ends worse than it started" is judged against) and
         f(θ₀) − f*: a study whose ε is above it measures nothing (θ₀ already reaches ε)."""
         if self.ev is not None:
-            f0 = self.exact_f(self.eng.initial_point())[0]
+            theta0 = self.eng.initial_point()
+            if self.tally.next == 1 and np.array_equal(self.state["theta"], theta0):
+                theta0 = self.state["theta"]  # the first point: its answer may serve call 1
+            f0 = self.exact_f(theta0, self.tally.next)[0]
             self.extra["f_initial"] = float(f0)
             if self.prob.f_star is not None:
                 self.extra["initial_gap"] = float(f0 - self.prob.f_star)
@@ -304,7 +339,7 @@ class Run:
         cfg, prob, opt, tally, red = self.cfg, self.prob, self.opt, self.tally, self.red
         self._maybe_fail(it)
         y = opt.point(self.state, self.project)
-        res = self.eng.evaluate(y, opt.gamma, call=it)
+        res = self.oracle(y, it)
         reg = prob.regulariser
         grad = res.grad + reg.grad(y) if reg is not None else res.grad
         self.recorder.record(it, res.time)
@@ -325,7 +360,7 @@ class Run:
         tally.next = it + 1
         status, f = "complete", math.nan
         if self.ev is not None and (it % cfg.eval_every == 0 or it == self.T):
-            f, items = self.exact_f(self.state["theta"])
+            f, items = self.exact_f(self.state["theta"], it + 1)
             if not math.isfinite(f):
                 status = "diverged"
             tally.best = min(tally.best, f)
@@ -358,17 +393,24 @@ class Run:
         gap = self.rows[-1].gap
         return math.isfinite(gap) and gap <= self.cfg.epsilon
 
+    def step(self, it: int) -> str | None:
+        """Iteration ``it``; the run's final status when a stop rule, a signal or T ends
+        the run there, else None."""
+        status = self.iteration(it)
+        if status != "complete" or self.over_budget():
+            return status
+        if self.reached():
+            self.extra["stopped_at_epsilon"] = it
+            return status
+        return status if it >= self.T else None
+
     def loop(self) -> str:
         """Iterations from the next one to T, until a stop rule or a signal; the status."""
-        status = "complete"
         for it in range(self.tally.next, self.T + 1):
-            status = self.iteration(it)
-            if status != "complete" or self.over_budget():
-                break
-            if self.reached():
-                self.extra["stopped_at_epsilon"] = it
-                break
-        return status
+            status = self.step(it)
+            if status is not None:
+                return status
+        return "complete"
 
     def finish(self, status: str) -> RunResult:
         """Final figures and status into the file; the RunResult of this rank."""
@@ -469,6 +511,19 @@ def run(
     mpiexec kills the job when a rank exits 143 before it.
     """
     comm = comm if comm is not None else MPI.COMM_WORLD
+    cfg, comm, prob, opt, T = _prepare(cfg, comm, problem, resume)
+    with ExitStack() as stack:
+        r = Run(cfg, comm, prob, opt, T, stack, label, on_iteration)
+        if resume is not None:
+            r.restore(resume)
+        r.open_output(resume, resume_overrides)
+        r.initial_gap()
+        return r.finish(r.loop())
+
+
+def _prepare(cfg: RunConfig, comm, problem: Problem | None, resume: str | None):
+    """Validate a run's settings, build its problem and method; (cfg, comm, prob, opt, T)
+    with the watchdog's communicator."""
     validate(cfg, comm.size, check_output=False)
     if resume is None:
         err = comm.bcast(_output_error(cfg) if comm.rank == 0 else None, root=0)
@@ -483,13 +538,43 @@ def run(
         )
     opt, T = make_method(cfg, prob)
     cfg, comm = _watchdog(cfg, comm)
+    return cfg, comm, prob, opt, T
+
+
+def run_together(
+    cfgs: list[RunConfig], comm=None, labels: list[str] | None = None, between=None
+) -> list[RunResult]:
+    """Several runs side by side, iteration by iteration (each as ``run`` would do it):
+    iteration t of every run, then ``between()``, then iteration t + 1.
+
+    For runs whose oracle answers are shared through an executor's kept answers (the
+    reduced route at several depths, ``pipeline.reduced``), the first run computes call
+    t and the others are served while it is kept, so ``between`` can forget it (the
+    memory is that of one iteration, whatever T). Each run stops by its own rules and
+    writes its own file; a signal stops them all at the end of an iteration."""
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    labels = labels or [None] * len(cfgs)
     with ExitStack() as stack:
-        r = Run(cfg, comm, prob, opt, T, stack, label, on_iteration)
-        if resume is not None:
-            r.restore(resume)
-        r.open_output(resume, resume_overrides)
-        r.initial_gap()
-        return r.finish(r.loop())
+        runs = []
+        for cfg, label in zip(cfgs, labels):
+            cfg, sub, prob, opt, T = _prepare(cfg, comm, None, None)
+            runs.append(Run(cfg, sub, prob, opt, T, stack, label))
+        for r in runs:  # one flag: the last handler installed is the one a signal reaches
+            r.stop = runs[-1].stop
+            r.open_output(None)
+            r.initial_gap()
+        status: dict[int, str] = {}
+        for it in range(1, max(r.T for r in runs) + 1):
+            for i, r in enumerate(runs):
+                if i not in status:
+                    final = r.step(it)
+                    if final is not None:
+                        status[i] = final
+            if between is not None:
+                between()
+            if len(status) == len(runs):
+                break
+        return [r.finish(status.get(i, "complete")) for i, r in enumerate(runs)]
 
 
 def _watchdog(cfg: RunConfig, comm) -> tuple[RunConfig, object]:

@@ -22,7 +22,8 @@ timeline), written as a result file:
 * ``tuned``: the same T (and γ, K) with the step η scaled by the factor of
   ``factors`` that reached ε soonest at depth ``tune_depth`` (the iterations
   on an orthogonal chain do not depend on Δ, so one tuning serves all
-  depths; the tuning runs are kept, tagged ``depth/tune``);
+  depths; the tuning runs are kept, tagged ``depth/tune``, each stopped at the best
+  time to ε of the runs before it, ``run_tuning``);
 * ``spot``: MPI spot checks: the theory configurations at Δ in
   ``spot_depths`` on Δ real ranks (model clock) for ``spot_iterations``
   iterations, launched as one ``hpcpipe sweep``; the analysis compares them
@@ -71,7 +72,10 @@ TAG = "depth"
 DENSE_UP_TO = 256  # layers = auto: dense layers up to this d (the shipped grid), householder above
 REDUCE_ABOVE = 8  # Householder points with depth above it run on the reduced route
 NO_TIMELINE = 10**9  # timeline_every above any T: the study keeps no per-action timeline
-FLUSH_EVERY = 500  # iterations between HDF5 flushes (at 10, the flushes took 70% of a GD run)
+# iterations between HDF5 flushes: a point whose file is unfinished runs again from the start
+# (``_kept_summary``), so a flush before the end saves nothing a resume would use; it only
+# bounds the rows held in memory (at 500, the flushes took 11% of a run of x = 128 points)
+FLUSH_EVERY = 100_000
 
 
 @dataclass
@@ -278,17 +282,56 @@ def run_point(item: tuple[str, dict, str]) -> dict:
 
 
 def run_group(group: list[tuple[str, dict, str]]) -> list[dict]:
-    """Run a group of points in this process, in order (``run_point`` each). The reduced
-    points of one (setting, method, x) form a group: their calls do not depend on the
-    depth, so the first computes them and the others are served from the kept answers
-    (``pipeline.reduced``)."""
+    """Run a group of points in this process: in order (``run_point`` each), or the
+    reduced points of one (setting, method, x) side by side (``run_side_by_side``)."""
     from hpcpipe.pipeline.reduced import clear_memo
 
     clear_memo()
     try:
+        if len(group) > 1 and all(v.get("executor") == "reduced" for _, v, _ in group):
+            return run_side_by_side(group)
         return [run_point(item) for item in group]
     finally:
         clear_memo()
+
+
+def run_side_by_side(group: list[tuple[str, dict, str]]) -> list[dict]:
+    """The reduced points of one group, iteration by iteration (``runner.run_together``),
+    with one BLAS thread; their summaries.
+
+    Their calls do not depend on the depth (``pipeline.reduced``): the first point's
+    call t is kept and serves the deeper points' call t, then is forgotten, so each call
+    is computed once and the kept answers never outgrow one iteration. The group's
+    seconds are reported on its first point (the others show none: they ran beside it).
+    Points whose files are complete are skipped, as ``run_point`` does."""
+    from mpi4py import MPI
+    from threadpoolctl import threadpool_limits
+
+    from hpcpipe.pipeline.reduced import clear_memo
+    from hpcpipe.run.config import make_config
+    from hpcpipe.run.runner import run_together
+
+    out, todo = {}, []
+    for label, values, path in group:
+        kept = _kept_summary(label, values, Path(path))
+        if kept is not None:
+            out[label] = kept
+        else:
+            todo.append((label, values, path))
+    if todo:
+        t0 = time.perf_counter()
+        cfgs = [make_config({**v, "output": p}) for _, v, p in todo]
+        with threadpool_limits(1):
+            results = run_together(
+                cfgs, MPI.COMM_SELF, [lb for lb, _, _ in todo], between=clear_memo
+            )
+        seconds = time.perf_counter() - t0
+        for i, ((label, values, _), res) in enumerate(zip(todo, results)):
+            it = {c: res.column(c) for c in ("iteration", "gap", "pipeline_time")}
+            out[label] = _summary(label, it, values, seconds if i == 0 else 0.0)
+        if len(todo) > 1:
+            out[todo[0][0]]["note"] = f" (with {len(todo) - 1} deeper point(s) beside it)"
+    return [out[label] for label, _, _ in group]
 
 
 SHARED_CHAIN_DEPTH = 128  # dense points this deep share one process per chain (groups_of)
@@ -325,22 +368,33 @@ def _run_point(label: str, values: dict, p: Path) -> dict:
     from mpi4py import MPI
 
     from hpcpipe.run.config import make_config
-    from hpcpipe.run.results import ResultsError, load
     from hpcpipe.run.runner import run
 
     t0 = time.perf_counter()
-    if p.exists():
-        try:
-            r = load(p)
-            if r.status in ("complete", "diverged"):
-                return _summary(label, r.iterations, values, 0.0)
-        except ResultsError:
-            pass
-        p.unlink()
+    kept = _kept_summary(label, values, p)
+    if kept is not None:
+        return kept
     cfg = make_config({**values, "output": str(p)})
     res = run(cfg, MPI.COMM_SELF, label=label)
     it = {c: res.column(c) for c in ("iteration", "gap", "pipeline_time")}
     return _summary(label, it, values, time.perf_counter() - t0)
+
+
+def _kept_summary(label: str, values: dict, p: Path) -> dict | None:
+    """The summary of a point whose file is complete (or diverged); None when it must run
+    (a missing, unfinished or unreadable file, which is removed)."""
+    from hpcpipe.run.results import ResultsError, load
+
+    if not p.exists():
+        return None
+    try:
+        r = load(p)
+        if r.status in ("complete", "diverged"):
+            return _summary(label, r.iterations, values, 0.0)
+    except ResultsError:
+        pass
+    p.unlink()
+    return None
 
 
 def _summary(label: str, it: dict, values: dict, seconds: float) -> dict:
@@ -359,24 +413,31 @@ def _summary(label: str, it: dict, values: dict, seconds: float) -> dict:
 
 
 def _run_all(items: list[tuple[str, dict, str]], workers: int, log) -> list[dict]:
-    """Run the points (grouped, longest first) on ``workers`` processes; one progress line
-    per finished point: its count, its label and its seconds."""
-    groups = sorted(groups_of(items), key=lambda g: -_cost(g[0][1]))  # longest first
+    """Run the points (grouped by ``groups_of``) on ``workers`` processes."""
+    return _run_groups(groups_of(items), run_group, workers, log)
+
+
+def _run_groups(groups: list[list], runner, workers: int, log) -> list[dict]:
+    """Run each group with ``runner`` (longest first) on ``workers`` processes; one
+    progress line per finished point: its count, its label and its seconds."""
+    items = [item for g in groups for item in g]
+    groups = sorted(groups, key=lambda g: -_cost(g[0][1]))  # longest first
     out: list[dict] = []
 
     def done(got: list[dict]) -> None:
         for s in got:
             out.append(s)
             if s["seconds"]:
-                log(f"  [{len(out)}/{len(items)}] {s['label']}: {s['seconds']:.1f} s")
+                note = s.get("note", "")
+                log(f"  [{len(out)}/{len(items)}] {s['label']}: {s['seconds']:.1f} s{note}")
 
     if workers <= 1:
         for g in groups:
-            done(run_group(g))
+            done(runner(g))
     else:
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(workers) as pool:
-            for got in pool.imap_unordered(run_group, groups):
+            for got in pool.imap_unordered(runner, groups):
                 done(got)
     return out
 
@@ -388,17 +449,44 @@ def _cost(v: dict) -> float:
     return depth * float(v.get("dim", 1)) ** 1.5
 
 
+def run_tuning(group: list[tuple[str, dict, str]]) -> list[dict]:
+    """One (method, x)'s tuning runs in order, each stopped when its pipeline time reaches
+    the best time to ε of the runs before it (``time_budget``).
+
+    The tuning keeps the factor with the least time to ε, so a run that has not reached ε
+    by the best time so far cannot win: stopping it there (a run that reaches ε exactly at
+    the budget still records it) leaves the choice that of the full runs, and a step that
+    never reaches ε costs the best run's time instead of its whole plan. Its file is then
+    a run stopped by its budget (``time_budget`` in its settings)."""
+    best, out = math.inf, []
+    for label, values, path in group:
+        v = {**values, "time_budget": best} if math.isfinite(best) else values
+        out.append(run_point((label, v, path)))
+        best = min(best, out[-1]["time"]) if math.isfinite(out[-1]["time"]) else best
+    return out
+
+
+def tuning_order(factors: tuple[float, ...]) -> list[float]:
+    """The order of a tuning's runs: the theory step (1), the larger steps upwards, then
+    the smaller ones downwards, so that the best time so far, and with it each later run's
+    budget, falls early whether the best step is above the theory step (PPRS) or not."""
+    return sorted(factors, key=lambda c: (c != 1.0, c < 1.0, c if c >= 1.0 else -c))
+
+
 def tune(plan: DepthPlan, log) -> dict:
-    """Per (method, x): the step factor with the smallest time to ε at ``tune_depth``."""
+    """Per (method, x): the step factor with the smallest time to ε at ``tune_depth``
+    (in ``tuning_order``, each run stopped at the best time so far: ``run_tuning``)."""
     out = Path(plan.out)
-    items = []
+    groups = []
     for x, opt, _, prac in _settings(plan):
-        for c in plan.factors:
+        group = []
+        for c in tuning_order(plan.factors):
             v = {**prac, "depth": plan.tune_depth, "lr": c * prac["lr"], "tag": f"{TAG}/tune"}
             v["stop_at_epsilon"] = 1  # the score is the time to ε: nothing after it counts
             label = _label("tune", opt, x, plan.tune_depth, f"c{c:g}")
-            items.append((label, v, str(out / "tune" / f"{label}.h5")))
-    got = {s["label"]: s for s in _run_all(items, plan.workers, log)}
+            group.append((label, v, str(out / "tune" / f"{label}.h5")))
+        groups.append(group)
+    got = {s["label"]: s for s in _run_groups(groups, run_tuning, plan.workers, log)}
     best = {}
     for x in plan.xs:
         for opt in plan.methods:
