@@ -7,8 +7,10 @@
 Each study is a list of steps (``hpcpipe sweep`` of a file under ``jobs/sweeps/``, or a
 study's own driver module) run one after the other; a step whose results are complete
 is skipped by the sweep itself, so an interrupted reproduction resumes where it stopped.
-Steps marked ``beside`` run in the background beside the following ones (the paper
-study's long sweep on one core while the short ones use the other). For each study the
+A sweep step with ``np`` launches that many ranks, so a sweep of one-rank points runs
+``np`` points side by side (the paper study's sweeps: ``--np 2``, one per core of the
+2-core machine, one sweep after the other, so both cores are busy and none is shared by
+two runs, but for paper-mpi's Δ = 8 ranks, oversubscribed by design). For each study the
 wall time, the CPU time of its processes (user + sys, ``RUSAGE_CHILDREN``) and the load
 average at its start and end are printed and written to ``<out>/timings.json``, so the
 run time a README quotes is measured, with the load it was measured at.
@@ -38,7 +40,7 @@ class Step:
 
     sweep: str = ""
     module: str = ""
-    beside: bool = False
+    np: int = 0  # ranks of a sweep's launch (hpcpipe sweep --np): 0 = its largest point's
     calibrate: str = ""
     args: tuple[str, ...] = ()  # further arguments of a driver module
     folder: str = ""  # the results folder under --out (default: the driver's study name)
@@ -48,7 +50,8 @@ class Step:
             return ["hpcpipe", "calibrate", "--sweep", str(SWEEPS / f"{self.calibrate}.toml")]
         if self.sweep:
             name = self.sweep
-            return ["hpcpipe", "sweep", str(SWEEPS / f"{name}.toml"), "--out", str(out / name)]
+            argv = ["hpcpipe", "sweep", str(SWEEPS / f"{name}.toml"), "--out", str(out / name)]
+            return argv + (["--np", str(self.np)] if self.np else [])
         name = self.folder or self.module.rsplit(".", 1)[-1].removesuffix("_runs")
         return [sys.executable, "-m", self.module, "--out", str(out / name), *self.args]
 
@@ -75,10 +78,10 @@ STUDIES: dict[str, list[Step]] = {
     "lower": [Step(sweep="lower"), Step(sweep="lower-mpi")],
     "nonconvex": [Step(sweep="nonconvex"), Step(sweep="nonconvex-mpi")],
     "paper": [
-        Step(sweep="paper", beside=True),
-        Step(sweep="paper-gamma"),
-        Step(sweep="paper-fewshot"),
-        Step(sweep="paper-fgsm"),
+        Step(sweep="paper", np=2),
+        Step(sweep="paper-gamma", np=2),
+        Step(sweep="paper-fewshot", np=2),
+        Step(sweep="paper-fgsm", np=2),
         Step(sweep="paper-mpi"),
     ],
 }
@@ -96,17 +99,10 @@ def _load() -> float:
 def run_study(name: str, steps: list[Step], out: Path) -> dict:
     """Run a study's steps; its wall time, CPU time and load; raises on a failed step."""
     t0, c0, l0 = time.perf_counter(), _cpu(), _load()
-    background: list[tuple[list[str], subprocess.Popen]] = []
     for step in steps:
         argv = step.argv(out)
         print(f"[{name}] {shlex.join(argv)}", flush=True)
-        if step.beside:
-            background.append((argv, subprocess.Popen(argv)))
-            continue
         subprocess.run(argv, check=True)
-    for argv, proc in background:
-        if proc.wait() != 0:
-            raise subprocess.CalledProcessError(proc.returncode, argv)
     return {
         "study": name,
         "wall_s": round(time.perf_counter() - t0, 1),
@@ -138,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for n in names:
             for step in STUDIES[n]:
-                print(f"{n}: {shlex.join(step.argv(out))}{'  &' if step.beside else ''}")
+                print(f"{n}: {shlex.join(step.argv(out))}")
         print(f"analysis: {shlex.join(analyze)}")
         return 0
 
