@@ -157,3 +157,24 @@ def test_cached_classifier_gives_the_same_problem_and_cannot_be_changed(tmp_path
         assert getattr(second.batch, name).tobytes() == getattr(third.batch, name).tobytes()
     assert [b.tobytes() for b in second.box] == [b.tobytes() for b in third.box]
     assert second.info == third.info
+
+
+def test_the_sweeps_tally_reads_no_file_again(tmp_path, monkeypatch, capsys):
+    """Each point's state is read once, before it runs; the closing tally uses what the
+    runs returned (reading 1100 finished files again took 50 s, the other ranks idle)."""
+    from hpcpipe.studies import sweep as sweep_mod
+
+    toml = tmp_path / "s.toml"
+    text = SWEEP.format(out=tmp_path / "out")  # the two l1-chain cases: 6 points
+    cut = text.index('[[cases]]\nlabel = "attack"')
+    toml.write_text(text[:cut] + text[text.index("[grid]") :])
+    reads = []
+
+    def counted(pt):
+        reads.append(pt.index)
+        return point_state(pt)
+
+    monkeypatch.setattr(sweep_mod, "point_state", counted)
+    assert sweep_mod.main_inside(MPI.COMM_SELF, str(toml), None, None) == 0
+    assert "6 ran, 0 resumed, 0 skipped; 6/6 points finished" in capsys.readouterr().out
+    assert sorted(reads) == list(range(6))  # once each, before its run

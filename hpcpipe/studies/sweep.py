@@ -306,8 +306,18 @@ def deal(todo: list[Point], groups: int) -> list[list[Point]]:
     return [todo[g::groups] for g in range(groups)]
 
 
-def run_points(comm, sweep: Sweep, indices: list[int] | None = None, log=print, stop=None) -> dict:
+def run_points(
+    comm,
+    sweep: Sweep,
+    indices: list[int] | None = None,
+    log=print,
+    stop=None,
+    seen: dict[int, str] | None = None,
+) -> dict:
     """Run the selected points (all by default) on this communicator; returns counts.
+    ``seen`` (a dict) receives, on rank 0, the state of each point handled: the status its
+    run ended with, or the state it was skipped in (``point_state``'s words), so the sweep's
+    tally reads no file again.
 
     When the communicator has room for several copies of the largest selected point
     (``hpcpipe sweep --np N``), it is split into groups of that many ranks (the ranks past
@@ -328,8 +338,9 @@ def run_points(comm, sweep: Sweep, indices: list[int] | None = None, log=print, 
     todo = [sweep.points[i] for i in (indices if indices is not None else range(len(sweep.points)))]
     width = max((pt.ranks for pt in todo), default=1)
     groups = comm.size // width
+    seen = {} if seen is None else seen
     if groups <= 1 or len(todo) <= 1:
-        return _run_in_turn(comm, sweep, todo, log, stop)
+        return _run_in_turn(comm, sweep, todo, log, stop, seen)
     if comm.allreduce(int(stop is not None and stop.raised), op=MPI.MAX):
         return _count_sum([{"ran": 0, "resumed": 0, "skipped": 0, "stopped": True}])
     pending = None
@@ -343,23 +354,28 @@ def run_points(comm, sweep: Sweep, indices: list[int] | None = None, log=print, 
                 pending.append(pt.index)
             else:
                 skipped += 1
+                seen[pt.index] = state
                 log(f"[{sweep.name}] point {pt.index} {pt.label}: skipped ({_why(state)})")
     pending = comm.bcast(pending, root=0)
     dealt = deal([sweep.points[i] for i in pending], groups)
     color = comm.rank // width if comm.rank < groups * width else MPI.UNDEFINED
     group = comm.Split(color, comm.rank)
     mine = {"ran": 0, "resumed": 0, "skipped": 0, "stopped": False}
+    ours: dict[int, str] = {}
     if group != MPI.COMM_NULL:
         try:
-            mine = _run_in_turn(group, sweep, dealt[color], log, stop)
+            mine = _run_in_turn(group, sweep, dealt[color], log, stop, ours)
         finally:
             leader = group.rank == 0
             group.Free()
     else:
         leader = False
     _idle_barrier(comm)
-    every = comm.allgather(mine if leader else None)
-    total = _count_sum([c for c in every if c is not None])
+    every = [c for c in comm.allgather((mine, ours) if leader else None) if c is not None]
+    total = _count_sum([c for c, _ in every])
+    if comm.rank == 0:
+        for _, theirs in every:
+            seen.update(theirs)
     total["skipped"] += comm.bcast(skipped, root=0)
     return total
 
@@ -371,7 +387,7 @@ def _why(state: str) -> str:
     }.get(state, state)
 
 
-def _run_in_turn(comm, sweep: Sweep, todo: list[Point], log, stop) -> dict:
+def _run_in_turn(comm, sweep: Sweep, todo: list[Point], log, stop, seen: dict) -> dict:
     """Run these points one after the other on this communicator (``run_points``); each
     on its first ``ranks`` ranks while the others wait without spinning."""
     from mpi4py import MPI
@@ -387,6 +403,7 @@ def _run_in_turn(comm, sweep: Sweep, todo: list[Point], log, stop) -> dict:
         state = comm.bcast(_resumable_state(pt, said) if comm.rank == 0 else None, root=0)
         if state in ("complete", "diverged", "failed", "unreadable", "running"):
             counts["skipped"] += 1
+            seen[pt.index] = state
             if comm.rank == 0:
                 log(f"[{sweep.name}] point {pt.index} {pt.label}: skipped ({_why(state)})")
             continue
@@ -414,6 +431,7 @@ def _run_in_turn(comm, sweep: Sweep, todo: list[Point], log, stop) -> dict:
         _idle_barrier(comm)
         status = comm.bcast(status, root=0)
         counts["resumed" if state == "incomplete" else "ran"] += 1
+        seen[pt.index] = status
         if comm.rank == 0:
             log(
                 f"[{sweep.name}] point {pt.index} {pt.label}: {status} "
@@ -445,15 +463,19 @@ def main_inside(comm, path: str, out: str | None, indices: list[int] | None) -> 
         return 2
     from hpcpipe.run.progress import StopFlag
 
+    seen: dict[int, str] = {}
     try:  # SIGTERM / SIGINT (scancel, a time limit, Ctrl-C) stop the sweep, never a rank
         with StopFlag() as stop:
-            counts = run_points(comm, sweep, indices, log=lambda m: print(m, flush=True), stop=stop)
+            say = lambda m: print(m, flush=True)  # noqa: E731
+            counts = run_points(comm, sweep, indices, log=say, stop=stop, seen=seen)
     finally:
         if lock is not None:
             lock.release()
     if comm.rank == 0:
         mine = indices if indices is not None else range(len(sweep.points))
-        states = {i: point_state(sweep.points[i]) for i in mine}  # never others' files
+        # never others' files; a point this launch ran or skipped is not read again (a
+        # thousand files of a long sweep took rank 0 50 s, the other ranks waiting)
+        states = {i: seen[i] if i in seen else point_state(sweep.points[i]) for i in mine}
         done = sum(s in ("complete", "diverged") for s in states.values())
         print(
             f"[{sweep.name}] {counts['ran']} ran, {counts['resumed']} resumed, "
