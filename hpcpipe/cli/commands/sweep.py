@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=ranks_option,
         default=0,
         help="ranks of the launch (default: the largest point's R). Each point runs on the "
-        "ranks the sweep file gives it; N >= 2R runs N // R points side by side (points of "
+        "ranks the sweep file gives it; NP >= 2R runs NP // R points side by side (points of "
         "ranks = 1: --np 2 on 2 cores), ranks past a multiple of R wait; fewer are refused",
     )
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
