@@ -7,8 +7,9 @@
 Each study is a list of steps (``hpcpipe sweep`` of a file under ``jobs/sweeps/``, or a
 study's own driver module) run one after the other; a step whose results are complete
 is skipped by the sweep itself, so an interrupted reproduction resumes where it stopped.
-Steps marked ``beside`` run in the background beside the following ones (the paper
-study's long sweep beside its short ones).
+A sweep step with ``np`` launches that many ranks, so a sweep of one-rank points runs
+``np`` points side by side (the simulated sweeps: ``--np 2``, one per core of the
+2-core machine; the MPI spot checks' Δ ranks are oversubscribed by design).
 
 The studies judged in seconds (``WALL_CLOCK``: their wall-clock rows need a quiet
 machine) run first, one at a time, with nothing beside them. The others are judged on
@@ -45,7 +46,7 @@ class Step:
 
     sweep: str = ""
     module: str = ""
-    beside: bool = False
+    np: int = 0  # ranks of a sweep's launch (hpcpipe sweep --np): 0 = its largest point's
     calibrate: str = ""
     args: tuple[str, ...] = ()  # further arguments of a driver module
     folder: str = ""  # the results folder under --out (default: the driver's study name)
@@ -55,7 +56,8 @@ class Step:
             return ["hpcpipe", "calibrate", "--sweep", str(SWEEPS / f"{self.calibrate}.toml")]
         if self.sweep:
             name = self.sweep
-            return ["hpcpipe", "sweep", str(SWEEPS / f"{name}.toml"), "--out", str(out / name)]
+            argv = ["hpcpipe", "sweep", str(SWEEPS / f"{name}.toml"), "--out", str(out / name)]
+            return argv + (["--np", str(self.np)] if self.np else [])
         name = self.folder or self.module.rsplit(".", 1)[-1].removesuffix("_runs")
         return [sys.executable, "-m", self.module, "--out", str(out / name), *self.args]
 
@@ -78,16 +80,16 @@ STUDIES: dict[str, list[Step]] = {
     # the model-clock studies, longest first (run_all starts them in this order)
     "depth": [Step(module="hpcpipe.studies.depth_runs"), DEPTH_ASYMPTOTIC],
     "paper": [
-        Step(sweep="paper", beside=True),
-        Step(sweep="paper-gamma"),
-        Step(sweep="paper-fewshot"),
-        Step(sweep="paper-fgsm"),
+        Step(sweep="paper", np=2),
+        Step(sweep="paper-gamma", np=2),
+        Step(sweep="paper-fewshot", np=2),
+        Step(sweep="paper-fgsm", np=2),
         Step(sweep="paper-mpi"),
     ],
     "dimension": [Step(module="hpcpipe.studies.dimension_runs")],
-    "lower": [Step(sweep="lower"), Step(sweep="lower-mpi")],
-    "nonconvex": [Step(sweep="nonconvex"), Step(sweep="nonconvex-mpi")],
-    "smooth": [Step(sweep="smooth"), Step(sweep="smooth-worstcase")],
+    "lower": [Step(sweep="lower", np=2), Step(sweep="lower-mpi")],
+    "nonconvex": [Step(sweep="nonconvex", np=2), Step(sweep="nonconvex-mpi")],
+    "smooth": [Step(sweep="smooth"), Step(sweep="smooth-worstcase", np=2)],
     "schedules": [Step(module="hpcpipe.studies.schedules_runs")],
 }
 
@@ -110,18 +112,10 @@ def _wait(proc: subprocess.Popen) -> float:
 def run_study(name: str, steps: list[Step], out: Path) -> dict:
     """Run a study's steps; its wall time, CPU time and load; raises on a failed step."""
     t0, cpu, l0 = time.perf_counter(), 0.0, _load()
-    background: list[tuple[list[str], subprocess.Popen]] = []
     for step in steps:
         argv = step.argv(out)
         print(f"[{name}] {shlex.join(argv)}", flush=True)
         proc = subprocess.Popen(argv)
-        if step.beside:
-            background.append((argv, proc))
-            continue
-        cpu += _wait(proc)
-        if proc.returncode != 0:
-            raise subprocess.CalledProcessError(proc.returncode, argv)
-    for argv, proc in background:
         cpu += _wait(proc)
         if proc.returncode != 0:
             raise subprocess.CalledProcessError(proc.returncode, argv)
@@ -182,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for n in names:
             for step in STUDIES[n]:
-                print(f"{n}: {shlex.join(step.argv(out))}{'  &' if step.beside else ''}")
+                print(f"{n}: {shlex.join(step.argv(out))}")
         print(f"analysis: {shlex.join(analyze)}")
         return 0
 

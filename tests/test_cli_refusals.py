@@ -68,13 +68,20 @@ def test_sweep_np_below_the_file_ranks_is_refused(tmp_path):
 
 
 def test_sweep_np_above_the_file_ranks_says_so_in_one_line(tmp_path):
+    """--np 3 for points of 2 ranks: one point at a time, one rank idle, said in one line;
+    --np 2 for points of 1 rank: two side by side, nothing idle, nothing said."""
     f = tmp_path / "s.toml"
-    f.write_text(SWEEP)
-    p = hpcpipe("sweep", str(f), "--np", "2", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    f.write_text(SWEEP.replace("ranks = 1", "ranks = 2"))
+    p = hpcpipe("sweep", str(f), "--np", "3", "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     notes = [ln for ln in p.stderr.splitlines() if "note:" in ln]
     assert notes == [
-        "hpcpipe sweep: note: the sweep file gives its points at most 1 rank(s) "
-        "([sweep] ranks); --np 2 leaves 1 rank(s) idle"
+        "hpcpipe sweep: note: the sweep file gives its points at most 2 rank(s) "
+        "([sweep] ranks); --np 3 runs 1 point(s) side by side and leaves 1 rank(s) idle"
     ]
     assert len(list((tmp_path / "out").glob("*.h5"))) == 1
+    f.write_text(SWEEP.replace("lr = [0.01]", "lr = [0.01, 0.02]"))
+    p = hpcpipe("sweep", str(f), "--np", "2", "--out", str(tmp_path / "out1"), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "note:" not in p.stderr
+    assert len(list((tmp_path / "out1").glob("*.h5"))) == 2

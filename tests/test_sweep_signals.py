@@ -10,6 +10,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+import pytest
 from mpi4py import MPI
 
 from hpcpipe.run.results import ResultsError, load
@@ -45,12 +46,23 @@ def _rows(path) -> int:
         return 0
 
 
-def test_sigterm_to_the_launcher_stops_a_whole_grid_sweep(tmp_path):
+@pytest.mark.parametrize(
+    ("ranks", "np", "running"),
+    [
+        (1, 2, 2),  # two points side by side, one per rank
+        (2, 3, 1),  # points of 2 ranks: rank 2 waits while ranks 0-1 run a point
+    ],
+)
+def test_sigterm_to_the_launcher_stops_a_whole_grid_sweep(tmp_path, ranks, np, running):
     toml = tmp_path / "s.toml"
-    toml.write_text(SWEEP.format(out=tmp_path / "out", iterations=100_000))
-    first = load_sweep(toml).points[0].path
-    proc = subprocess.Popen(  # 2 ranks, points of 1: rank 1 waits while rank 0 works
-        [sys.executable, "-m", "hpcpipe", "sweep", str(toml), "--np", "2"],
+    toml.write_text(
+        SWEEP.format(out=tmp_path / "out", iterations=100_000).replace(
+            "ranks = 1", f"ranks = {ranks}"
+        )
+    )
+    paths = [pt.path for pt in load_sweep(toml).points]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcpipe", "sweep", str(toml), "--np", str(np)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -58,7 +70,11 @@ def test_sigterm_to_the_launcher_stops_a_whole_grid_sweep(tmp_path):
         start_new_session=True,
     )
     t0 = time.time()
-    while proc.poll() is None and time.time() - t0 < WAIT and _rows(first) < 1:
+    while (
+        proc.poll() is None
+        and time.time() - t0 < WAIT
+        and min(_rows(p) for p in paths[:running]) < 1
+    ):
         time.sleep(0.05)
     assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGTERM)
@@ -71,8 +87,9 @@ def test_sigterm_to_the_launcher_stops_a_whole_grid_sweep(tmp_path):
     assert "Traceback" not in err and "BAD TERMINATION" not in out + err, (out, err)
     assert "stopped by a signal" in out, out
     states = [point_state(pt) for pt in load_sweep(toml).points]
-    assert states == ["incomplete", "missing", "missing"], states
-    assert 1 <= _rows(first) < 100_000
+    assert states == ["incomplete"] * running + ["missing"] * (3 - running), states
+    for p in paths[:running]:
+        assert 1 <= _rows(p) < 100_000
 
 
 def test_a_signal_between_points_starts_no_other_point(tmp_path):

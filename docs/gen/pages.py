@@ -277,7 +277,12 @@ def sweep_page() -> str:
         "The ranks of a point come from `[sweep] ranks` (or its depth), never from the "
         "command line: `hpcpipe sweep FILE --np P` sets the ranks of the one local launch "
         "(default: the largest point's), inside which each point runs on a sub-communicator "
-        "of its own `ranks`. To run every point on 4 ranks, write `ranks = 4`.",
+        "of its own `ranks`. To run every point on 4 ranks, write `ranks = 4`. A launch "
+        "with room for several of the largest point (P >= 2R for points of at most R ranks) "
+        "runs P // R points side by side, each on its own group of R ranks, with the points "
+        "dealt out to the groups in turn: `--np 2` runs a sweep of one-rank points on two "
+        "cores. Every point's file is the one a launch of R ranks writes (wall-clock "
+        "columns aside); runs that measure wall-clock time want a launch of R ranks.",
         "",
     ]
     if example.is_file():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -21,13 +22,24 @@ DIGITS_NEED = "the digits problems (attack, attack-targeted, fewshot)"
 
 
 def load_digits_split(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """scikit-learn's bundled 8x8 digits (no download), pixels in [0, 1], 1400/397 split."""
+    """scikit-learn's bundled 8x8 digits (no download), pixels in [0, 1], 1400/397 split.
+
+    Read once per seed in a process (a sweep makes many problems of one seed): the
+    arrays are shared and read-only, so no caller can change another's data."""
+    return _digits_split(seed)
+
+
+@functools.lru_cache(maxsize=16)
+def _digits_split(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     datasets = need_extra("sklearn.datasets", "paper", DIGITS_NEED)
     x, y = datasets.load_digits(return_X_y=True)
     x = x / 16.0
     perm = rng.data_generator(seed, 7).permutation(len(y))
     tr, te = perm[:1400], perm[1400:]
-    return x[tr], y[tr], x[te], y[te]
+    parts = (x[tr], y[tr], x[te], y[te])
+    for a in parts:
+        a.flags.writeable = False
+    return parts
 
 
 def _mlp_spec(depth: int, width: int, seed: int, head: str, **head_args) -> ModelSpec:
@@ -52,6 +64,28 @@ def logits(spec: ModelSpec, weights: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def cache_dir() -> Path:
     return Path(os.environ.get("HPCPIPE_CACHE", Path.home() / ".cache" / "hpcpipe"))
+
+
+_CLASSIFIERS: dict[tuple[str, int, int], tuple[np.ndarray, float]] = {}
+
+
+def _stored_classifier(path: Path) -> tuple[np.ndarray, float] | None:
+    """The weights and accuracy in a classifier cache file, or None when there is none;
+    kept in the process while the file is unchanged (same size and modification time),
+    so a sweep reads each classifier once. The weights are read-only: callers copy."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _CLASSIFIERS:
+        with np.load(path) as data:
+            w, acc = data["weights"], float(data["accuracy"])
+        w.flags.writeable = False
+        while len(_CLASSIFIERS) >= 16:  # a sweep's few (depth, width): bounded all the same
+            del _CLASSIFIERS[next(iter(_CLASSIFIERS))]
+        _CLASSIFIERS[key] = (w, acc)
+    return _CLASSIFIERS[key]
 
 
 def train_classifier(
@@ -82,12 +116,12 @@ def train_classifier(
     key = hashlib.sha256(repr((depth, width, seed, iterations, lr, momentum, 3)).encode())
     path = cache_dir() / f"digits-mlp-{key.hexdigest()[:16]}.npz"
     spec = _mlp_spec(depth, width, seed, "cross_entropy")
-    xtr, ytr, xte, yte = load_digits_split(seed)
-    found = comm.bcast(path.exists() if comm.rank == 0 else None, root=0)
+    stored = _stored_classifier(path) if comm.rank == 0 else None
+    found = comm.bcast(stored is not None if comm.rank == 0 else None, root=0)
     if found:
-        data = np.load(path) if comm.rank == 0 else None
-        w = comm.bcast(data["weights"] if data is not None else None, root=0)
-        return w, float(comm.bcast(float(data["accuracy"]) if data is not None else None, root=0))
+        w = comm.bcast(stored[0].copy() if stored is not None else None, root=0)
+        return w, float(comm.bcast(stored[1] if stored is not None else None, root=0))
+    xtr, ytr, xte, yte = load_digits_split(seed)
     with Engine(
         comm,
         spec,

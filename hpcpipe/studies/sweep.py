@@ -13,7 +13,8 @@ whose file is complete (or diverged: that is a result), resumes points left
 incomplete, and runs the rest; so re-running a sweep (or re-submitting a
 Slurm array) finishes what is missing. Locally all points run inside one
 ``mpiexec`` launch, each on a sub-communicator of the ranks it needs; idle
-ranks wait without spinning.
+ranks wait without spinning. A launch with room for several of the largest
+point (``--np``) runs points side by side, one per group of ranks (``run_points``).
 """
 
 from __future__ import annotations
@@ -287,19 +288,112 @@ def _idle_barrier(comm) -> None:
         time.sleep(0.002)
 
 
-def run_points(comm, sweep: Sweep, indices: list[int] | None = None, log=print, stop=None) -> dict:
+def _count_sum(counts: list[dict]) -> dict:
+    """The counts of several groups (``run_points``) added up."""
+    total = {"ran": 0, "resumed": 0, "skipped": 0, "stopped": False}
+    for c in counts:
+        for k in ("ran", "resumed", "skipped"):
+            total[k] += c[k]
+        total["stopped"] = total["stopped"] or c["stopped"]
+    return total
+
+
+def deal(todo: list[Point], groups: int) -> list[list[Point]]:
+    """The points of each of ``groups`` groups: dealt in order, like cards (point k of the
+    list to group k mod groups). Neighbouring points of a grid differ in its last key only,
+    so each group gets about the same share of every case and every value of the other
+    keys, and so about the same run time; the deal depends on nothing but the list."""
+    return [todo[g::groups] for g in range(groups)]
+
+
+def run_points(
+    comm,
+    sweep: Sweep,
+    indices: list[int] | None = None,
+    log=print,
+    stop=None,
+    seen: dict[int, str] | None = None,
+) -> dict:
     """Run the selected points (all by default) on this communicator; returns counts.
+    ``seen`` (a dict) receives, on rank 0, the state of each point handled: the status its
+    run ended with, or the state it was skipped in (``point_state``'s words), so the sweep's
+    tally reads no file again.
+
+    When the communicator has room for several copies of the largest selected point
+    (``hpcpipe sweep --np N``), it is split into groups of that many ranks (the ranks past
+    the last whole group wait) and the points still to run are dealt out to the groups
+    (``deal``), which run their points side by side, each as a one-group sweep would. A
+    point's file is the same whichever group runs it: a run depends only on its settings
+    and its rank count. Rank 0 first skips the points already finished (one line each).
 
     ``stop`` (a ``StopFlag``, or None) is raised by SIGTERM / SIGINT between points, or
     on a rank that waits while others run a point: the sweep then starts no other point
-    (``counts["stopped"]``). A signal during a point stops that point's run at the end
-    of its iteration, its file flushed and left incomplete, and the sweep with it.
+    (``counts["stopped"]``; with groups, each group stops when its ranks see the signal,
+    which ``mpiexec`` forwards to every rank). A signal during a point stops that point's
+    run at the end of its iteration, its file flushed and left incomplete, and the sweep
+    with it.
     """
+    from mpi4py import MPI
+
+    todo = [sweep.points[i] for i in (indices if indices is not None else range(len(sweep.points)))]
+    width = max((pt.ranks for pt in todo), default=1)
+    groups = comm.size // width
+    seen = {} if seen is None else seen
+    if groups <= 1 or len(todo) <= 1:
+        return _run_in_turn(comm, sweep, todo, log, stop, seen)
+    if comm.allreduce(int(stop is not None and stop.raised), op=MPI.MAX):
+        return _count_sum([{"ran": 0, "resumed": 0, "skipped": 0, "stopped": True}])
+    pending = None
+    skipped = 0
+    if comm.rank == 0:  # the finished points are skipped here, so the deal is of real work
+        pending = []
+        for pt in todo:
+            said = lambda m, pt=pt: log(f"[{sweep.name}] point {pt.index} {pt.label}: {m}")  # noqa: E731
+            state = _resumable_state(pt, said)
+            if state in ("missing", "incomplete"):
+                pending.append(pt.index)
+            else:
+                skipped += 1
+                seen[pt.index] = state
+                log(f"[{sweep.name}] point {pt.index} {pt.label}: skipped ({_why(state)})")
+    pending = comm.bcast(pending, root=0)
+    dealt = deal([sweep.points[i] for i in pending], groups)
+    color = comm.rank // width if comm.rank < groups * width else MPI.UNDEFINED
+    group = comm.Split(color, comm.rank)
+    mine = {"ran": 0, "resumed": 0, "skipped": 0, "stopped": False}
+    ours: dict[int, str] = {}
+    if group != MPI.COMM_NULL:
+        try:
+            mine = _run_in_turn(group, sweep, dealt[color], log, stop, ours)
+        finally:
+            leader = group.rank == 0
+            group.Free()
+    else:
+        leader = False
+    _idle_barrier(comm)
+    every = [c for c in comm.allgather((mine, ours) if leader else None) if c is not None]
+    total = _count_sum([c for c, _ in every])
+    if comm.rank == 0:
+        for _, theirs in every:
+            seen.update(theirs)
+    total["skipped"] += comm.bcast(skipped, root=0)
+    return total
+
+
+def _why(state: str) -> str:
+    return {
+        "unreadable": "unreadable file, left as it is",
+        "running": "another process is writing its file",
+    }.get(state, state)
+
+
+def _run_in_turn(comm, sweep: Sweep, todo: list[Point], log, stop, seen: dict) -> dict:
+    """Run these points one after the other on this communicator (``run_points``); each
+    on its first ``ranks`` ranks while the others wait without spinning."""
     from mpi4py import MPI
 
     from hpcpipe.run.runner import run
 
-    todo = [sweep.points[i] for i in (indices if indices is not None else range(len(sweep.points)))]
     counts = {"ran": 0, "resumed": 0, "skipped": 0, "stopped": False}
     for pt in todo:
         if comm.allreduce(int(stop is not None and stop.raised), op=MPI.MAX):
@@ -309,12 +403,9 @@ def run_points(comm, sweep: Sweep, indices: list[int] | None = None, log=print, 
         state = comm.bcast(_resumable_state(pt, said) if comm.rank == 0 else None, root=0)
         if state in ("complete", "diverged", "failed", "unreadable", "running"):
             counts["skipped"] += 1
+            seen[pt.index] = state
             if comm.rank == 0:
-                why = {
-                    "unreadable": "unreadable file, left as it is",
-                    "running": "another process is writing its file",
-                }.get(state, state)
-                log(f"[{sweep.name}] point {pt.index} {pt.label}: skipped ({why})")
+                log(f"[{sweep.name}] point {pt.index} {pt.label}: skipped ({_why(state)})")
             continue
         if pt.ranks > comm.size:
             raise ConfigError(f"point {pt.index} needs {pt.ranks} ranks, the job has {comm.size}")
@@ -340,6 +431,7 @@ def run_points(comm, sweep: Sweep, indices: list[int] | None = None, log=print, 
         _idle_barrier(comm)
         status = comm.bcast(status, root=0)
         counts["resumed" if state == "incomplete" else "ran"] += 1
+        seen[pt.index] = status
         if comm.rank == 0:
             log(
                 f"[{sweep.name}] point {pt.index} {pt.label}: {status} "
@@ -371,15 +463,19 @@ def main_inside(comm, path: str, out: str | None, indices: list[int] | None) -> 
         return 2
     from hpcpipe.run.progress import StopFlag
 
+    seen: dict[int, str] = {}
     try:  # SIGTERM / SIGINT (scancel, a time limit, Ctrl-C) stop the sweep, never a rank
         with StopFlag() as stop:
-            counts = run_points(comm, sweep, indices, log=lambda m: print(m, flush=True), stop=stop)
+            say = lambda m: print(m, flush=True)  # noqa: E731
+            counts = run_points(comm, sweep, indices, log=say, stop=stop, seen=seen)
     finally:
         if lock is not None:
             lock.release()
     if comm.rank == 0:
         mine = indices if indices is not None else range(len(sweep.points))
-        states = {i: point_state(sweep.points[i]) for i in mine}  # never others' files
+        # never others' files; a point this launch ran or skipped is not read again (a
+        # thousand files of a long sweep took rank 0 50 s, the other ranks waiting)
+        states = {i: seen[i] if i in seen else point_state(sweep.points[i]) for i in mine}
         done = sum(s in ("complete", "diverged") for s in states.values())
         print(
             f"[{sweep.name}] {counts['ran']} ran, {counts['resumed']} resumed, "

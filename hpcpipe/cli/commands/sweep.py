@@ -22,8 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--np",
         type=ranks_option,
         default=0,
-        help="ranks of the launch (default: the largest point's; each point runs on the "
-        "ranks the sweep file gives it, so more leave ranks idle and fewer are refused)",
+        help="ranks of the launch (default: the largest point's R). Each point runs on the "
+        "ranks the sweep file gives it; NP >= 2R runs NP // R points side by side (points of "
+        "ranks = 1: --np 2 on 2 cores), ranks past a multiple of R wait; fewer are refused",
     )
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
 
@@ -57,10 +58,12 @@ def run(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:
         if args.np < ranks:
             print(f"hpcpipe sweep: --np {args.np} is too few: {where}; drop --np", file=sys.stderr)
             return 2
-        print(
-            f"hpcpipe sweep: note: {where}; --np {args.np} leaves {args.np - ranks} rank(s) idle",
-            file=sys.stderr,
-        )
+        if args.np % ranks:
+            print(
+                f"hpcpipe sweep: note: {where}; --np {args.np} runs {args.np // ranks} point(s) "
+                f"side by side and leaves {args.np % ranks} rank(s) idle",
+                file=sys.stderr,
+            )
     if launcher:
         from hpcpipe.studies.sweep import SweepLock
 
