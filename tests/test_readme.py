@@ -3,6 +3,7 @@ exist, its links lead to files of the repository. (The examples that moved to th
 documentation are run by tests/test_docs.py.)"""
 
 import argparse
+import json
 import re
 import shlex
 from pathlib import Path
@@ -125,8 +126,20 @@ def test_studies_table_follows_a_new_report(tmp_path):
     )
     table = pages.readme_table(report)
     row = next(r for r in table.splitlines() if r.startswith("| depth |"))
-    assert row == ("| depth | 2: 1 not reproduced, 1 within bound | PPRS faster past a crossover |")
-    assert "| smooth | not in the stored report | |" in table
+    assert row == (
+        "| depth | 2: 1 not reproduced, 1 within bound | PPRS faster past a crossover "
+        "| not recorded |"
+    )
+    assert "| smooth | not in the stored report | | not recorded |" in table
+    timings = [
+        {"study": "depth", "wall_s": 300.4, "cpu_s": 580.2},
+        {"study": "all", "wall_s": 1250.0, "cpu_s": 2400.0, "jobs": 2},
+    ]
+    (report / "record.json").write_text(json.dumps({"date": "D", "timings": timings}))
+    timed = pages.readme_table(report)
+    assert "took 20 min 50 s wall and 2400 s of CPU, 2 model-clock studies at a time" in timed
+    assert "| PPRS faster past a crossover | 300 s, 580 s |" in timed
+    (report / "record.json").unlink()
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{pages.README_START}\nold table\n{pages.README_END}\nrest\n")
     assert pages.write_readme(readme, report) is True

@@ -343,6 +343,12 @@ def studies_page(report: Path = REPORT) -> str:
             f"{cell(rec.get('machine', ''))}. {cell(rec.get('note', ''))}",
             "",
         ]
+        if rec.get("timings"):
+            lines += ["| study | wall (s) | CPU (s) | load at start, end |", "| --- | --- | --- | --- |"]
+            for t in rec["timings"]:
+                load = f"{t['load_start']:.1f}, {t['load_end']:.1f}" if "load_start" in t else ""
+                lines.append(f"| {t['study']} | {t['wall_s']:.0f} | {t['cpu_s']:.0f} | {load} |")
+            lines.append("")
     else:
         lines += ["No report is stored yet: every section below shows the docstring only.", ""]
     for name, mod in STUDIES.items():
@@ -487,18 +493,29 @@ def readme_table(report: Path = REPORT) -> str:
     rec = json.loads(meta.read_text()) if meta.is_file() else {}
     where = re.match(r"machine (\S+) \(([^,]+), (\d+) cores", str(rec.get("machine", "")))
     on = f" on {where[1]} ({where[2]}, {where[3]} cores)" if where else ""
+    times = {t["study"]: t for t in rec.get("timings", [])}
+    took = ""
+    if "all" in times:
+        a = times["all"]
+        m, sec = divmod(round(a["wall_s"]), 60)
+        took = (
+            f"; `python analysis/reproduce.py` took {m} min {sec} s wall and "
+            f"{a['cpu_s']:.0f} s of CPU, {a.get('jobs', 1)} model-clock studies at a time"
+        )
     lines = [
-        f"Verdicts of the stored report ({rec.get('date', 'none stored')}{on}; every row, "
-        "its prediction and its measurement: the site's studies page):",
+        f"Verdicts of the stored report ({rec.get('date', 'none stored')}{on}{took}; every "
+        "row, its prediction and its measurement: the site's studies page):",
         "",
-        "| study | verdict rows | not reproduced or failed |",
-        "| --- | --- | --- |",
+        "| study | verdict rows | not reproduced or failed | wall, CPU |",
+        "| --- | --- | --- | --- |",
     ]
     for name in STUDIES:
+        t = times.get(name)
+        spent = f"{t['wall_s']:.0f} s, {t['cpu_s']:.0f} s" if t else "not recorded"
         mine = [[c.strip() for c in r.strip().strip("|").split(" | ")] for r in rows]
         mine = [c for c in mine if c[0] == name]
         if not mine:
-            lines.append(f"| {name} | not in the stored report | |")
+            lines.append(f"| {name} | not in the stored report | | {spent} |")
             continue
         counts: dict[str, int] = {}
         for c in mine:
@@ -509,7 +526,7 @@ def readme_table(report: Path = REPORT) -> str:
         misses = [c[1] for c in mine if c[4].strip("*").startswith(bad)]
         if len(misses) > README_MISSES:  # the rest: the studies page
             misses = misses[:README_MISSES] + [f"and {len(misses) - README_MISSES} more"]
-        lines.append(f"| {name} | {len(mine)}: {tally} | {'; '.join(misses) or 'none'} |")
+        lines.append(f"| {name} | {len(mine)}: {tally} | {'; '.join(misses) or 'none'} | {spent} |")
     return "\n".join(lines)
 
 
@@ -526,10 +543,13 @@ def write_readme(readme: Path = README, report: Path = REPORT) -> bool:
     return new != text
 
 
-def store_report(src: Path, command: str, note: str = "", target: Path = REPORT) -> Path:
+def store_report(
+    src: Path, command: str, note: str = "", target: Path = REPORT, timings: Path | None = None
+) -> Path:
     """Keep an ``hpcpipe analyze`` report (report.md and its figures) as the stored report
-    of the studies page, with a ``record.json`` saying when, how and where it was made.
-    The previous stored report is replaced."""
+    of the studies page, with a ``record.json`` saying when, how and where it was made,
+    and with ``timings`` (the ``timings.json`` of ``analysis/reproduce.py``) the wall and
+    CPU time of each study. The previous stored report is replaced."""
     import datetime
     import shutil
 
@@ -544,6 +564,8 @@ def store_report(src: Path, command: str, note: str = "", target: Path = REPORT)
         shutil.copy2(f, target / f.name)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     rec = {"date": now, "command": command, "machine": machine_line(), "note": note}
+    if timings is not None:
+        rec["timings"] = json.loads(timings.read_text())
     (target / "record.json").write_text(json.dumps(rec, indent=1) + "\n")
     return target
 
@@ -557,13 +579,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--command", default="", help="with --store-report: what made the report")
     p.add_argument("--note", default="", help="with --store-report: how long, at what load")
     p.add_argument(
+        "--timings",
+        metavar="FILE",
+        help="with --store-report: the timings.json of analysis/reproduce.py (each study's time)",
+    )
+    p.add_argument(
         "--readme",
         action="store_true",
         help="rewrite the README's studies table from the stored report (--store-report does too)",
     )
     args = p.parse_args(argv)
     if args.store_report:
-        print(f"stored {store_report(Path(args.store_report), args.command, args.note)}")
+        timings = Path(args.timings) if args.timings else None
+        stored = store_report(Path(args.store_report), args.command, args.note, timings=timings)
+        print(f"stored {stored}")
     if args.store_report or args.readme:
         changed = write_readme()
         print(f"{README}: studies table {'rewritten' if changed else 'unchanged'}")
