@@ -344,7 +344,7 @@ def studies_page(report: Path = REPORT) -> str:
             "",
         ]
         if rec.get("timings"):
-            lines += ["| study | wall (s) | CPU (s) | load at start, end |", "| --- | --- | --- | --- |"]
+            lines += ["| study | wall (s) | CPU (s) | load at start, end |", "|---|---|---|---|"]
             for t in rec["timings"]:
                 load = f"{t['load_start']:.1f}, {t['load_end']:.1f}" if "load_start" in t else ""
                 lines.append(f"| {t['study']} | {t['wall_s']:.0f} | {t['cpu_s']:.0f} | {load} |")
