@@ -38,7 +38,7 @@ import functools
 import math
 import socket
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -70,7 +70,21 @@ GATHER_LIMIT = 4096  # doubles gathered at the end of a call before two collecti
 EV_WAIT, EV_READY, EV_END = 0, 1, 2
 
 
-@dataclass
+class Extras(NamedTuple):
+    """What only the model clock, the watchdog, emulated compute, smoothing and the input
+    variable read of an action (``Engine._prepare``)."""
+
+    sample: int  # k = item // M
+    row0: int  # the microbatch's rows in the batch: [row0, row1)
+    row1: int
+    recv_slot: np.ndarray | None  # the received message (its last float: the send stamp)
+    recv_bytes: int  # the message's payload bytes (the model clock's β term)
+    peer: int  # the rank it comes from (-1: none)
+    send_slot: np.ndarray | None  # the sent message (its last float: the send stamp)
+    cost: float  # model seconds of the action
+    emulated: float  # emulated seconds of the action
+
+
 class OracleResult:
     """What one call returns on every rank.
 
@@ -78,12 +92,35 @@ class OracleResult:
     grad: this rank's part of the gradient (same layout as the point);
     time: pipeline time of the call (max end − min start over ranks, on the
     engine's clock).
+
+    ``losses`` None means: the sums over each sample's M item losses
+    (``np.add.reduce`` over rows of K × M, bitwise what the engine computed
+    before), formed when first read, so that a training step whose caller
+    reads only the gradient does not pay for them at the end of every call.
     """
 
-    losses: np.ndarray
-    item_losses: np.ndarray
-    grad: np.ndarray
-    time: float
+    __slots__ = ("_losses", "_samples", "grad", "item_losses", "time")
+
+    def __init__(
+        self,
+        losses: np.ndarray | None,
+        item_losses: np.ndarray,
+        grad: np.ndarray,
+        time: float,
+        samples: int = 1,
+    ):
+        self._losses, self._samples = losses, samples
+        self.item_losses, self.grad, self.time = item_losses, grad, time
+
+    @property
+    def losses(self) -> np.ndarray:
+        if self._losses is None:
+            items = self.item_losses.reshape(self._samples, -1)
+            self._losses = np.add.reduce(items, axis=1)
+        return self._losses
+
+    def __repr__(self) -> str:
+        return f"OracleResult(loss={self.loss!r}, time={self.time!r})"
 
     @property
     def loss(self) -> float:
@@ -239,13 +276,21 @@ class Engine:
         self._recvs = [r for group in self._channels for ch in group[:2] if ch for r in ch.requests]
         self._sends = [r for group in self._channels for ch in group[2:] if ch for r in ch.requests]
         self._all_channels = chans
-        self.item_losses = np.zeros(self.n_items)
         self._tbuf = np.zeros(2)
-        # small calls end with one Allgather instead of a Bcast and an Allreduce
+        self._gather_req = None
+        # small calls end with one Allgather instead of a Bcast and an Allreduce: this
+        # rank's (−t_first, t_end, item losses) in one buffer, the item losses a view of
+        # it that the last stage's forwards write into, so nothing is copied in
         small = (self.n_items + 2) * self.size <= GATHER_LIMIT
-        self._gather = (
-            (np.zeros(self.n_items + 2), np.zeros((self.size, self.n_items + 2))) if small else None
-        )
+        self._gather = None
+        if small:
+            mine, every = np.zeros(self.n_items + 2), np.zeros((self.size, self.n_items + 2))
+            self._gather = ([mine, MPI.DOUBLE], [every, MPI.DOUBLE], mine, every)
+            self.item_losses = mine[2:]
+            if self.size > 1 and isinstance(comm, MPI.Comm):  # not under the watchdog
+                self._gather_req = _persistent_allgather(comm, *self._gather[:2])
+        else:
+            self.item_losses = np.zeros(self.n_items)
         self.holds_first = self.local_stages[0] == 0
         self.holds_last = self.local_stages[-1] == S - 1
         self.last_rank = placement[S - 1]
@@ -254,6 +299,9 @@ class Engine:
             self.local_size = batch.m * spec.d_in if self.holds_first else 0
         else:
             self.local_size = self._param_offs[-1]
+        self._point_shape = (self.local_size,)
+        self._weights_var = variable == "weights"
+        self._input_var = variable == "input" and self.holds_first
         if variable == "weights":
             load_blas()  # BLAS for the weight gradients, imported now rather than in call 1
 
@@ -269,6 +317,9 @@ class Engine:
         """Free the persistent requests (idempotent); the engine cannot be used afterwards."""
         for ch in self._all_channels:
             ch.free()
+        if self._gather_req is not None:
+            self._gather_req.Free()
+            self._gather_req = None
         self._all_channels = []
         self._recvs, self._sends = [], []
         self._point = self._point_views = None
@@ -303,16 +354,19 @@ class Engine:
     def _prepare(self) -> None:
         """Per-action plan, per-item views and buffers that do not change between calls.
 
-        One tuple per action: (kind, item, sample, microbatch, first row, end
-        row, receive request, its stamp slot and bytes, peer, input, output,
-        send request, its stamp slot, local stage, forward, backward (B or I),
-        W, model cost, emulated seconds, stage flags). The input is the
-        received payload, the producer's output buffer (a hand-off from a
-        stage of this rank), the batch rows (first stage) or None (built per
-        call: the perturbed input δ, or the last stage's loss gradient); the
-        output is the send payload (the layers compute into it), a buffer of
-        its own (the last stage's forward, a local hand-off), or None (a first
-        stage's backward when the input is not the variable).
+        One tuple per action, what every call reads: (kind, item, stash key,
+        receive request, input, output, send request, its function, local
+        stage, targets, input-variable flag, ``Extras``), the extras being what
+        only the model clock, the watchdog, emulated compute, smoothing and the
+        input variable read. The input is the received payload, the producer's
+        output buffer (a hand-off from a stage of this rank), the batch rows
+        (first stage) or None (built per call: the perturbed input δ, or the last
+        stage's loss gradient); the output is the send payload (the layers
+        compute into it), a buffer of its own (the last stage's forward, a local
+        hand-off), or None (a first stage's backward when the input is not the
+        variable). The targets are the microbatch's rows on the last stage (its
+        forward applies the head, its backward starts from the head's gradient),
+        else None.
         """
         M, n, S = self.microbatches, self.n_items, self.schedule.n_stages
         bx, bt = self.batch.x, self.batch.targets
@@ -414,27 +468,47 @@ class Engine:
                 out = outs_b[u][i]
                 fun = self._bwds[u] if kind != INPUT else self._inputs[u]
             del st
-            plan.append(
-                (kind, i, k, j, r0, r1, rreq, rslot, rbytes, peer, inp, out, sreq, sslot,
-                 u, fun, cost, emu, flags)
-            )  # fmt: skip
+            tgt = self._t_rows[j] if flags[1] else None
+            xin = flags[0] and self._input_var
+            rest = Extras(k, r0, r1, rslot, rbytes, peer, sslot, cost, emu)
+            plan.append((kind, i, u * n + i, rreq, inp, out, sreq, fun, u, tgt, xin, rest))
         self._plan = plan
+        self._receiving = np.array([a for a, row in enumerate(plan) if row[3] is not None], int)
         self._base_views = [own(st.views(st.flat)) for st, own in zip(self.stages, self._owns)]
         self._seeds: list = [None] * n
+        watch = self.waiter.timeout > 0
+        model = isinstance(self.clock, ModelClock)
+        # the common case waits with MPI directly and has nothing to add per action
+        direct = self.waiter.policy == "busy" and not watch and not model
+        self._modes = (direct, model, watch, model or self.layer_time > 0)
+        self._head = (self.stages[-1].head, 1.0 / self.batch.m, self._seeds)
+        # the gradient buffer and its views, zeroed at each call; a call returns a copy
+        self._grad = np.zeros(self.local_size)
+        self._grad_views = (
+            self._local_views(self._grad) if self._weights_var else [None] * len(self.stages)
+        )
+        if self._input_var:
+            self._gdelta = self._grad.reshape(self.batch.m, self.spec.d_in)
 
     @property
     def events(self) -> np.ndarray:
         """(actions, 3) table of the last call: when each action began to wait for its
         input (the end of the previous action; the start of the call for the first),
-        when the input was there, and when it ended (after its send was started), on
-        the engine's clock. Built when asked for."""
+        when the input was there (its receive completed; at once, so the same reading,
+        for an action that receives no message), and when it ended (after its send was
+        started), on the engine's clock. Built when asked for."""
         if self._events is None:
+            # the call keeps the ready reading of the actions that receive, in plan order
             readys, ends = self._readys, self._ends
             ev = np.empty((len(ends), 3))
             if len(ends):
-                ev[:, EV_READY], ev[:, EV_END] = readys, ends
+                ev[:, EV_END] = ends
                 ev[0, EV_WAIT] = self._t_first
                 ev[1:, EV_WAIT] = ev[:-1, EV_END]
+                ev[:, EV_READY] = ev[:, EV_WAIT]
+                at = self._receiving[: len(readys)]
+                done = at < len(ends)
+                ev[at[done], EV_READY] = np.asarray(readys)[done]
                 if self.clock.origin != 0.0:  # the wall clock ticks raw perf_counter seconds
                     ev -= self.clock.origin
             self._events = ev
@@ -444,23 +518,23 @@ class Engine:
         self, point: np.ndarray, gamma: float = 0.0, call: int = 0, reduce: str = "mean"
     ) -> OracleResult:
         """Run one call of the schedule at ``point`` (this rank's part of θ)."""
-        if point.shape != (self.local_size,):
+        if point.shape != self._point_shape:
             raise ValueError(
                 f"point has shape {point.shape}, this rank expects ({self.local_size},)"
             )
-        if reduce not in ("mean", "sum"):
+        if reduce != "mean" and reduce != "sum":
             raise ValueError(f"reduce {reduce!r}: choose mean or sum")
         if self._plan is None:
             self._prepare()
-        M, m = self.microbatches, self.batch.m
-        weights_var = self.variable == "weights"
-        input_var = self.variable == "input" and self.holds_first
+        weights_var, input_var = self._weights_var, self._input_var
         perturb = weights_var and gamma != 0.0
         stages = self.stages
-        # the point is read in place and the gradient is a new array: no copy of either
+        # the point is read in place; the gradient accumulates in the engine's buffer
+        # through views made once (_prepare), and the call returns a copy of it
         point = np.ascontiguousarray(point, dtype=np.float64)
-        grad = np.zeros(self.local_size)
-        gviews = self._local_views(grad) if weights_var else [None] * len(stages)
+        grad = self._grad
+        grad.fill(0.0)
+        gviews = self._grad_views
         if not weights_var:
             base = self._base_views
         elif point is self._point:  # the array of the last call (e.g. updated in place)
@@ -468,37 +542,28 @@ class Engine:
         else:
             base = self._local_views(point)
             self._point, self._point_views = point, base
-        gdelta = grad.reshape(m, self.spec.d_in) if input_var else None
-        # x + δ, the input of every sample when it is not perturbed
-        xk = self.batch.x + point.reshape(m, self.spec.d_in) if input_var else None
+        gdelta = xk = None
+        if input_var:  # x + δ, the input of every sample when it is not perturbed
+            gdelta = self._gdelta
+            xk = self.batch.x + point.reshape(gdelta.shape)
         # per sample: parameters or input of its own (made at its first forward, freed
         # after its last backward or W on every stage); otherwise every sample runs the same
         per_sample = perturb or (input_var and gamma != 0.0)
-        per_item = M * len(stages)  # actions that free a stash, per sample
         clock, waiter = self.clock, self.waiter
         tick = clock.tick
-        model = isinstance(clock, ModelClock)
-        watch = waiter.timeout > 0
-        emulate = self.layer_time > 0
-        # the common case waits with MPI directly and has nothing to add per action
-        direct = waiter.policy == "busy" and not watch and not model
-        timed = model or emulate
-        head = stages[-1].head
-        t_rows, seeds = self._t_rows, self._seeds
-        item_losses = self.item_losses
-        item_losses[:] = 0.0
-        inv_m = 1.0 / m
-        n = self.n_items
-        samples: dict[int, tuple] = {}
-        left: dict[int, int] = {}
+        direct, model, watch, timed = self._modes
+        head, inv_m, seeds = self._head
+        item_losses = self.item_losses  # the last stage's forwards write every item's loss
         caches: dict[int, object] = {}
         stashes: dict[int, object] = {}  # I's output gradients, for its W
         peak = 0
 
-        def receive(req, fwd: bool, i: int, peer: int) -> None:
-            """Complete item i's receive under the wait policy and the watchdog."""
+        def receive(req, kind: int, i: int, rest: tuple) -> None:
+            """Complete item i's receive under the wait policy and the watchdog; on the
+            model clock the message's arrival is its send stamp plus α + β·bytes."""
             if watch:
-                what = "activation" if fwd else "gradient"
+                what = "activation" if kind == FORWARD else "gradient"
+                peer = rest.peer
                 waiter.wait(
                     req,
                     f"rank {self.rank} waits for the {what} of item {i} from rank {peer} "
@@ -506,24 +571,33 @@ class Engine:
                 )
             else:
                 waiter.wait(req)
+            if model:
+                clock.receive(rest.recv_slot[-1], rest.recv_bytes)
 
-        def sample(k: int) -> tuple:
-            """Sample k's (parameters per local stage, input): θ + γZ_k, or x + δ + γZ_k
-            on the first stage."""
-            if k not in samples:
-                params = base
-                if perturb:
-                    offs = self._param_offs
-                    params = [
-                        own(st.views(st.perturbed(point[offs[u] : offs[u + 1]], gamma,
-                                                  self.seed, call, k)))
-                        for u, (st, own) in enumerate(zip(stages, self._owns))
-                    ]  # fmt: skip
-                x0 = xk
-                if input_var:
-                    x0 = xk + gamma * rng.noise(self.seed, call, rng.INPUT_PARAM_ID, k, xk.shape)
-                samples[k], left[k] = (params, x0), per_item
-            return samples[k]
+        if per_sample:
+            samples: dict[int, tuple] = {}
+            left: dict[int, int] = {}
+            per_item = self.microbatches * len(stages)  # actions that free a stash, per sample
+
+            def sample(k: int) -> tuple:
+                """Sample k's (parameters per local stage, input): θ + γZ_k, or x + δ + γZ_k
+                on the first stage."""
+                if k not in samples:
+                    params = base
+                    if perturb:
+                        offs = self._param_offs
+                        params = [
+                            own(st.views(st.perturbed(point[offs[u] : offs[u + 1]], gamma,
+                                                      self.seed, call, k)))
+                            for u, (st, own) in enumerate(zip(stages, self._owns))
+                        ]  # fmt: skip
+                    x0 = xk
+                    if input_var:
+                        x0 = xk + gamma * rng.noise(
+                            self.seed, call, rng.INPUT_PARAM_ID, k, xk.shape
+                        )
+                    samples[k], left[k] = (params, x0), per_item
+                return samples[k]
 
         readys: list[float] = []
         ends: list[float] = []
@@ -533,53 +607,49 @@ class Engine:
         MPI.Prequest.Startall(self._recvs)
         t_first = t_end = tick()
         ps, xs = base, xk
-        for (
-            kind, i, k, j, r0, r1, rreq, rslot, rbytes, peer, x, out, sreq, sslot,
-            u, fun, cost, emu, (first, last),
-        ) in self._plan:  # fmt: skip
-            fwd = kind == FORWARD
+        for kind, i, key, rreq, x, out, sreq, fun, u, tgt, xin, rest in self._plan:
+            # ready: when the input was there (an action without a message: at once, and
+            # ``events`` reads the end of the action before)
             if rreq is not None:
                 if direct:
                     rreq.Wait()
                 else:
-                    receive(rreq, fwd, i, peer)
-                    if model:  # the message carries its send time
-                        clock.receive(rslot[-1], rbytes)
-            ready_add(tick())
-            key = u * n + i
+                    receive(rreq, kind, i, rest)
+                ready_add(tick())
             if per_sample:
-                ps, xs = sample(k)
-            if kind == WEIGHT:  # the weight gradient from I's stash; frees the item's stash
-                fun(stashes.pop(key), caches.pop(key), ps[u], gviews[u])
-            elif fwd:  # forward of item i
-                if first and input_var:
-                    x = xs[r0:r1]
+                ps, xs = sample(rest.sample)
+            if kind == FORWARD:  # forward of item i
+                if xin:
+                    x = xs[rest.row0 : rest.row1]
                 caches[key] = fun(x, ps[u], out)
                 if len(caches) > peak:
                     peak = len(caches)
-                if last:
-                    item_losses[i], seeds[i] = head(out, t_rows[j], inv_m)
+                if tgt is not None:
+                    item_losses[i], seeds[i] = head(out, tgt, inv_m)
+            elif kind == WEIGHT:  # the weight gradient from I's stash; frees the item's stash
+                fun(stashes.pop(key), caches.pop(key), ps[u], gviews[u])
             else:  # backward (B) or input gradient (I) of item i
-                if last:
+                if tgt is not None:
                     x, seeds[i] = seeds[i], None
                 if kind == INPUT:
                     stashes[key] = fun(x, caches[key], ps[u], gviews[u], out)
                 else:
                     fun(x, caches.pop(key), ps[u], gviews[u], out)
-                if first and input_var:
-                    gdelta[r0:r1] += out
+                if xin:
+                    gdelta[rest.row0 : rest.row1] += out
             if timed:
-                if emulate and emu > 0:
+                if rest.emulated > 0:
                     self._emulate(kind, u)
                 if model:
-                    clock.advance(cost)
+                    clock.advance(rest.cost)
             if per_sample and kind != FORWARD and kind != INPUT:
+                k = rest.sample
                 left[k] -= 1
                 if left[k] == 0:
                     del samples[k], left[k]
             if sreq is not None:
                 if model:  # the message carries its send time
-                    sslot[-1] = tick()
+                    rest.send_slot[-1] = tick()
                 sreq.Start()
             t_end = tick()
             end_add(t_end)
@@ -609,27 +679,44 @@ class Engine:
             t_end -= origin
         if reduce == "mean" and self.samples > 1:
             grad /= self.samples
-        comm, item_losses = self.comm, self.item_losses
+        comm = self.comm
         if self.size > 1 and self._gather is not None:
             # one collective: every rank's (−t_first, t_end, losses); the last rank's
-            # losses and the max of each time column are the two collectives' results
-            mine, every = self._gather
+            # losses and the max of each time column are the two collectives' results.
+            # Persistent, it is under way while the gradient is copied out.
+            send, recv, mine, every = self._gather
             mine[0], mine[1] = -t_first, t_end
-            mine[2:] = item_losses
-            comm.Allgather([mine, MPI.DOUBLE], [every, MPI.DOUBLE])
-            item_losses[:] = every[self.last_rank, 2:]
-            end = np.maximum.reduce(every[:, 1])  # one reduction, exact
-            elapsed = end + every[self.first_rank, 0]
+            req = self._gather_req
+            if req is not None:
+                req.Start()
+                grad = grad.copy()
+                req.Wait()
+            else:
+                comm.Allgather(send, recv)
+                grad = grad.copy()
+            item_losses = every[self.last_rank, 2:].copy()
+            elapsed = max(every[:, 1].tolist()) + every[self.first_rank, 0]  # exact
         elif self.size > 1:
+            item_losses = self.item_losses
             comm.Bcast([item_losses, MPI.DOUBLE], root=self.last_rank)
             self._tbuf[0] = -t_first if self.rank == self.first_rank else -math.inf
             self._tbuf[1] = t_end
             comm.Allreduce(MPI.IN_PLACE, [self._tbuf, MPI.DOUBLE], op=MPI.MAX)
             elapsed = self._tbuf[1] + self._tbuf[0]
+            item_losses, grad = item_losses.copy(), grad.copy()
         else:
+            item_losses, grad = self.item_losses.copy(), grad.copy()
             elapsed = t_end - t_first
-        losses = np.add.reduce(item_losses.reshape(self.samples, self.microbatches), axis=1)
-        return OracleResult(losses, item_losses.copy(), grad, float(elapsed))
+        return OracleResult(None, item_losses, grad, float(elapsed), self.samples)
+
+
+def _persistent_allgather(comm, send: list, recv: list):
+    """``MPI_Allgather_init`` (MPI 4) on the buffers, or None where the library lacks it
+    (the call then uses the blocking ``Allgather``)."""
+    try:
+        return comm.Allgather_init(send, recv)
+    except (NotImplementedError, AttributeError, MPI.Exception):
+        return None
 
 
 def _first_of(views: list) -> list:
