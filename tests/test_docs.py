@@ -218,6 +218,22 @@ def test_benchmark_page_shows_each_record(tmp_path, monkeypatch):
     assert f"{rec['load_start'][0]:.2f}" in page and rec["versions"]["numpy"] in page
 
 
+def test_benchmark_page_holds_each_goal(tmp_path, monkeypatch):
+    """A record with a goal is in the goals table, met or not; a record without is not."""
+    from hpcpipe.bench.common import RECORDS_ENV, write_record
+
+    monkeypatch.setenv(RECORDS_ENV, str(tmp_path))
+    goal = {"figure": "step/bare", "at_most": 1.05}
+    write_record("unit", ["width", "step/bare"], [[64, 1.031], [256, 1.049]], True, goal=goal)
+    write_record("late", ["width", "step/bare"], [[64, 1.031], [256, 1.062]], True, goal=goal)
+    write_record("free", ["width", "step/bare"], [[64, 9.0]], True)
+    page = pages.benchmarks_page(tmp_path)
+    rows = {line.split("`")[1]: line for line in page.splitlines() if "step/bare <= 1.05" in line}
+    assert set(rows) == {"unit", "late"}
+    assert "1.031, 1.049 | yes |" in rows["unit"]
+    assert "1.031, 1.062 | **no** |" in rows["late"]
+
+
 def test_stored_benchmark_records_are_complete():
     for path in sorted((DOCS / "records" / "bench").glob("*.json")):
         rec = json.loads(path.read_text())

@@ -425,6 +425,7 @@ def benchmarks_page(folder: Path = BENCH) -> str:
             f"{'ok' if r['sane'] else 'FAILED'} |"
         )
     lines.append("")
+    lines += goals_table(recs)
     for r in recs:
         m, v = r["machine"], r["versions"]
         lines += [
@@ -450,6 +451,34 @@ def benchmarks_page(folder: Path = BENCH) -> str:
     if not recs:
         lines += ["No record is stored yet.", ""]
     return "\n".join(lines)
+
+
+def goals_table(recs: list[dict]) -> list[str]:
+    """The records that carry a goal (``write_record(goal=...)``), newest first: the
+    goal's figure in each row of the record and whether every row meets it."""
+    from hpcpipe.bench.common import goal_text, met
+
+    held = [r for r in recs if r.get("goal")]
+    if not held:
+        return []
+    lines = [
+        "Goals: the figure a case is held to, in each row of its records (a goal is met "
+        "when every row meets it).",
+        "",
+        "| date (UTC) | case | load (1 min) at start | goal | figure per row | met |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in held:
+        goal = r["goal"]
+        col = r["headings"].index(goal["figure"])
+        values = [row[col] for row in r["rows"]]
+        ok = all(isinstance(v, (int, float)) and met(goal, v) for v in values)
+        lines.append(
+            f"| {cell(r['date'])} | [`{r['case']}`](#{_anchor(r)}) | "
+            f"{r['load_start'][0]:.2f} | {code(goal_text(goal))} | "
+            f"{', '.join(_num(v) for v in values)} | {'yes' if ok else '**no**'} |"
+        )
+    return [*lines, ""]
 
 
 def _anchor(r: dict) -> str:

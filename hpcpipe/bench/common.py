@@ -110,10 +110,30 @@ def _plain(x):
     return x if isinstance(x, (int, float, str, bool)) or x is None else str(x)
 
 
+def met(goal: dict, value: float) -> bool:
+    """Whether ``value`` meets a goal {"figure": heading, "at_most" or "at_least": bound}."""
+    if "at_most" in goal:
+        return value <= goal["at_most"]
+    return value >= goal["at_least"]
+
+
+def goal_text(goal: dict) -> str:
+    """'step/bare <= 1.05' for {"figure": "step/bare", "at_most": 1.05}."""
+    op, bound = ("<=", goal["at_most"]) if "at_most" in goal else (">=", goal["at_least"])
+    return f"{goal['figure']} {op} {bound:g}"
+
+
 def record(
-    case: str, headings: list[str], rows: list[list], sane: bool, comm=None, what: str = ""
+    case: str,
+    headings: list[str],
+    rows: list[list],
+    sane: bool,
+    comm=None,
+    what: str = "",
+    goal: dict | None = None,
 ) -> dict:
-    """A benchmark's dated record: command, machine, versions, load, figures."""
+    """A benchmark's dated record: command, machine, versions, load, figures, and the
+    goal its figure is held to (if any)."""
     import mpi4py
 
     import hpcpipe
@@ -144,11 +164,18 @@ def record(
         "headings": list(headings),
         "rows": [[_plain(x) for x in row] for row in rows],
         "sane": bool(sane),
+        **({"goal": dict(goal)} if goal else {}),
     }
 
 
 def write_record(
-    case: str, headings: list[str], rows: list[list], sane: bool, comm=None, what: str = ""
+    case: str,
+    headings: list[str],
+    rows: list[list],
+    sane: bool,
+    comm=None,
+    what: str = "",
+    goal: dict | None = None,
 ) -> Path | None | bool:
     """Write the record to ``$HPCPIPE_BENCH_RECORDS`` (default ``bench-records/``) as
     ``<case>-<date>-<host>-<pid>.json`` (``-1``, ``-2``, ... when that name exists: never
@@ -160,7 +187,7 @@ def write_record(
     folder = os.environ.get(RECORDS_ENV, DEFAULT_RECORDS)
     if folder == "off":
         return None
-    rec = record(case, headings, rows, sane, comm, what)
+    rec = record(case, headings, rows, sane, comm, what, goal)
     stamp = rec["date"].replace("-", "").replace(":", "")
     host = "".join(c if c.isalnum() or c in "-." else "_" for c in rec["machine"]["host"])
     stem = f"{case}-{stamp}-{host}-{os.getpid()}"
