@@ -285,8 +285,10 @@ class Engine:
         self._gather = None
         if small:
             mine, every = np.zeros(self.n_items + 2), np.zeros((self.size, self.n_items + 2))
-            self._gather = ([mine, MPI.DOUBLE], [every, MPI.DOUBLE], mine, every)
             self.item_losses = mine[2:]
+            # the last stage's losses and every rank's t_end, as views of the result
+            ends, losses = every[:, 1], every[placement[S - 1], 2:]
+            self._gather = ([mine, MPI.DOUBLE], [every, MPI.DOUBLE], mine, every, losses, ends)
             if self.size > 1 and isinstance(comm, MPI.Comm):  # not under the watchdog
                 self._gather_req = _persistent_allgather(comm, *self._gather[:2])
         else:
@@ -654,18 +656,14 @@ class Engine:
             t_end = tick()
             end_add(t_end)
         self.peak_stash = peak
-        if watch:
-            waiter.waitall(
-                self._sends, f"rank {self.rank} waits for its sends of call {call} to complete"
-            )
-        else:
-            waiter.waitall(self._sends)
-        return self._finish(grad, t_first, t_end, reduce)
+        return self._finish(grad, t_first, t_end, reduce, call)
 
-    def _finish(self, grad: np.ndarray, t_first: float, t_end: float, reduce: str) -> OracleResult:
-        """End of a call: the mean over samples, then every rank gets the last stage's
-        item losses and the call's time: max over ranks of t_end − t_first of the rank that
-        holds stage 0.
+    def _finish(
+        self, grad: np.ndarray, t_first: float, t_end: float, reduce: str, call: int
+    ) -> OracleResult:
+        """End of a call: this rank's sends complete, the mean over samples, then every
+        rank gets the last stage's item losses and the call's time: max over ranks of
+        t_end − t_first of the rank that holds stage 0.
 
         The pipeline starts there: every other rank's first action waits for a message
         that stage 0's first forward starts, so a rank that enters the call earlier (it
@@ -677,25 +675,33 @@ class Engine:
         if origin != 0.0:  # the wall clock ticks raw perf_counter seconds
             t_first -= origin
             t_end -= origin
+        req = self._gather_req
+        if req is not None:  # under way while the sends complete and the gradient is copied
+            mine = self._gather[2]
+            mine[0], mine[1] = -t_first, t_end
+            req.Start()
+        if self.waiter.timeout > 0:
+            self.waiter.waitall(
+                self._sends, f"rank {self.rank} waits for its sends of call {call} to complete"
+            )
+        else:
+            self.waiter.waitall(self._sends)
         if reduce == "mean" and self.samples > 1:
             grad /= self.samples
         comm = self.comm
         if self.size > 1 and self._gather is not None:
             # one collective: every rank's (−t_first, t_end, losses); the last rank's
-            # losses and the max of each time column are the two collectives' results.
-            # Persistent, it is under way while the gradient is copied out.
-            send, recv, mine, every = self._gather
-            mine[0], mine[1] = -t_first, t_end
-            req = self._gather_req
+            # losses and the max of each time column are the two collectives' results
+            send, recv, mine, every, losses, ends = self._gather
             if req is not None:
-                req.Start()
                 grad = grad.copy()
                 req.Wait()
             else:
+                mine[0], mine[1] = -t_first, t_end
                 comm.Allgather(send, recv)
                 grad = grad.copy()
-            item_losses = every[self.last_rank, 2:].copy()
-            elapsed = max(every[:, 1].tolist()) + every[self.first_rank, 0]  # exact
+            item_losses = losses.copy()
+            elapsed = max(ends.tolist()) + every.item(self.first_rank, 0)  # exact
         elif self.size > 1:
             item_losses = self.item_losses
             comm.Bcast([item_losses, MPI.DOUBLE], root=self.last_rank)
