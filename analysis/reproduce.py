@@ -51,14 +51,20 @@ class Step:
     args: tuple[str, ...] = ()  # further arguments of a driver module
     folder: str = ""  # the results folder under --out (default: the driver's study name)
 
+    @property
+    def folder_name(self) -> str:
+        """Its results folder under --out ("" for a calibration, which writes none)."""
+        if self.calibrate:
+            return ""
+        return self.sweep or self.folder or self.module.rsplit(".", 1)[-1].removesuffix("_runs")
+
     def argv(self, out: Path) -> list[str]:
         if self.calibrate:
             return ["hpcpipe", "calibrate", "--sweep", str(SWEEPS / f"{self.calibrate}.toml")]
+        name = self.folder_name
         if self.sweep:
-            name = self.sweep
             argv = ["hpcpipe", "sweep", str(SWEEPS / f"{name}.toml"), "--out", str(out / name)]
             return argv + (["--np", str(self.np)] if self.np else [])
-        name = self.folder or self.module.rsplit(".", 1)[-1].removesuffix("_runs")
         return [sys.executable, "-m", self.module, "--out", str(out / name), *self.args]
 
 
@@ -97,6 +103,19 @@ STUDIES: dict[str, list[Step]] = {
 # studies with rows judged in seconds on this machine: run alone, before the others
 WALL_CLOCK = ("pipeline-time", "depth-wall")
 
+# studies whose steps are independent (each writes its own results folder and reads
+# none of the others'): each step is a job of its own, so that the depth study's two
+# halves (the shipped grid, 417 s, and DEPTH_ASYMPTOTIC, 560 s, in a run of 978 s)
+# run side by side instead of making the run's long pole one after the other
+SPLIT = ("depth",)
+
+
+def jobs_of(name: str) -> list[list[Step]]:
+    """A study's steps as scheduled jobs: one job of all of them, run in order, or for a
+    study in ``SPLIT`` one job per step."""
+    steps = STUDIES[name]
+    return [[s] for s in steps] if name in SPLIT else [steps]
+
 
 def _load() -> float:
     return os.getloadavg()[0]
@@ -134,14 +153,45 @@ def run_study(name: str, steps: list[Step], out: Path) -> dict:
     return r
 
 
+def _timed(name: str, steps: list[Step], out: Path) -> tuple[dict, float, float]:
+    """``run_study`` with the perf_counter seconds at its start and end."""
+    t0 = time.perf_counter()
+    row = run_study(name, steps, out)
+    return row, t0, time.perf_counter()
+
+
+def _merged(name: str, parts: list[tuple[dict, float, float]]) -> dict:
+    """One row for a study run as several jobs: its wall time from the first job's start
+    to the last one's end, the sum of their CPU, the load at those two moments, and
+    each job's own row under ``parts``."""
+    if len(parts) == 1:
+        return parts[0][0]
+    first = min(parts, key=lambda p: p[1])
+    last = max(parts, key=lambda p: p[2])
+    return {
+        "study": name,
+        "wall_s": round(last[2] - first[1], 1),
+        "cpu_s": round(sum(p[0]["cpu_s"] for p in parts), 1),
+        "load_start": first[0].get("load_start"),
+        "load_end": last[0].get("load_end"),
+        "parts": [p[0] for p in parts],
+    }
+
+
 def run_all(names: list[str], out: Path, jobs: int) -> list[dict]:
-    """The wall-clock studies one by one, then the others ``jobs`` at a time (module doc)."""
+    """The wall-clock studies one by one, then the others' jobs (``jobs_of``) ``jobs`` at
+    a time (module doc); one row per study (``_merged``)."""
     rows = [run_study(n, STUDIES[n], out) for n in names if n in WALL_CLOCK]
     rest = [n for n in names if n not in WALL_CLOCK]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_study, n, STUDIES[n], out) for n in rest]
-        rows += [f.result() for f in futures]  # the first failure, once every study ended
-    return rows
+        futures = []
+        for n in rest:
+            parts = jobs_of(n)
+            for steps in parts:
+                label = n if len(parts) == 1 else f"{n}:{steps[0].folder_name}"
+                futures.append((n, pool.submit(_timed, label, steps, out)))
+        done = [(n, f.result()) for n, f in futures]  # the first failure, once all ended
+    return rows + [_merged(n, [p for m, p in done if m == n]) for n in rest]
 
 
 def main(argv: list[str] | None = None) -> int:

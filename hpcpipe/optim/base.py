@@ -87,6 +87,13 @@ class Optimizer:
     def point(self, state: OptState, project: Projection) -> np.ndarray:
         raise NotImplementedError
 
+    def next_point_is_theta(self, state: OptState) -> bool:
+        """Whether ``point(state)`` may be ``state["theta"]`` itself. The runner then
+        evaluates f(θ) with its gradient and keeps the answer for that oracle call
+        (``runner.exact_f``); otherwise f(θ) needs no backward pass. True unless a rule
+        says otherwise, so a rule that does not answer keeps that reuse."""
+        return True
+
     def update(
         self, state: OptState, y: np.ndarray, grad: np.ndarray, project: Projection
     ) -> OptState:

@@ -299,12 +299,13 @@ class Run:
     def exact_f(self, theta: np.ndarray, call: int = 0) -> tuple[float, np.ndarray]:
         """f(θ) without smoothing, and the per-item losses (for the problem's metrics).
 
-        With ``reuse_f`` it is the oracle's call ``call`` at θ with γ = 0, kept with θ:
-        when the next oracle call is at that same array (GD: y_{t+1} = θ_{t+1}; the
-        optimizers return new arrays and never write into θ) it is that answer, bitwise,
-        where it would otherwise be computed twice (``oracle``).
+        With ``reuse_f``, when the next oracle call may be at θ (``next_point_is_theta``),
+        it is the oracle's call ``call`` at θ with γ = 0, kept with θ: when the next oracle
+        call is at that same array (GD: y_{t+1} = θ_{t+1}; the optimizers return new
+        arrays and never write into θ) it is that answer, bitwise, where it would
+        otherwise be computed twice (``oracle``).
         Otherwise, on an executor timed by the model, the losses alone (no backward)."""
-        if self.reuse_f:
+        if self.reuse_f and self.opt.next_point_is_theta(self.state):
             res = self.eng.evaluate(theta, 0.0, call=call)
             self.kept = (theta, res)
         elif getattr(self.ev, "timed_by_model", False):  # no backward pass: f only

@@ -274,11 +274,25 @@ def all_points(plan: DepthPlan) -> list[dict]:
 def run_point(item: tuple[str, dict, str]) -> dict:
     """Run one point into its file (skipped when the file is complete), with one BLAS
     thread; its summary."""
+    label, values, path = item
+    with one_blas_thread():
+        return _run_point(label, values, Path(path))
+
+
+def one_blas_thread():
+    """``threadpool_limits(1)`` over every BLAS a run uses, scipy's own OpenBLAS included.
+
+    threadpoolctl limits only the libraries loaded when it is entered, and scipy ships
+    an OpenBLAS of its own, loaded by the first import of ``scipy.linalg`` (the dense
+    chain's QR, ``simulated._times_block``). Imported inside the limit, it kept its
+    default threads, which spin while they wait: the same bits (checked on a chain of
+    512 blocks of 256 × 256) for 2.6 times the CPU of one thread, and in the full
+    reproduction, beside another study, theory-gd-x64-D2048 took 345 s instead of 16 s.
+    So scipy.linalg is loaded first, then limited with the rest."""
+    import scipy.linalg  # noqa: F401  (loads scipy's OpenBLAS, see above)
     from threadpoolctl import threadpool_limits
 
-    label, values, path = item
-    with threadpool_limits(1):
-        return _run_point(label, values, Path(path))
+    return threadpool_limits(1)
 
 
 def run_group(group: list[tuple[str, dict, str]]) -> list[dict]:
@@ -305,7 +319,6 @@ def run_side_by_side(group: list[tuple[str, dict, str]]) -> list[dict]:
     seconds are reported on its first point (the others show none: they ran beside it).
     Points whose files are complete are skipped, as ``run_point`` does."""
     from mpi4py import MPI
-    from threadpoolctl import threadpool_limits
 
     from hpcpipe.pipeline.reduced import clear_memo
     from hpcpipe.run.config import make_config
@@ -321,7 +334,7 @@ def run_side_by_side(group: list[tuple[str, dict, str]]) -> list[dict]:
     if todo:
         t0 = time.perf_counter()
         cfgs = [make_config({**v, "output": p}) for _, v, p in todo]
-        with threadpool_limits(1):
+        with one_blas_thread():
             results = run_together(
                 cfgs, MPI.COMM_SELF, [lb for lb, _, _ in todo], between=clear_memo
             )
