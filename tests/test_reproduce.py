@@ -83,14 +83,21 @@ def test_wall_clock_studies_run_alone_first_and_the_rest_jobs_at_a_time(monkeypa
         time.sleep(0.05)
         with lock:
             spans[name] = (t0, time.perf_counter())
-        return {"study": name, "wall_s": 0.05, "cpu_s": 0.0}
+        return {"study": name, "wall_s": 0.05, "cpu_s": 1.0}
 
     monkeypatch.setattr(mod, "run_study", fake)
     names = list(mod.STUDIES)
     rows = mod.run_all(names, tmp_path, jobs=2)
     assert sorted(r["study"] for r in rows) == sorted(names)
+    # a split study ran as one job per step, and its row sums them
+    assert mod.SPLIT
+    for n in mod.SPLIT:
+        jobs = [label for label in spans if label.startswith(f"{n}:")]
+        assert len(jobs) == len(mod.STUDIES[n]) > 1 and n not in spans
+        (row,) = [r for r in rows if r["study"] == n]
+        assert len(row["parts"]) == len(jobs) and row["cpu_s"] == len(jobs)
     wall = [spans[n] for n in mod.WALL_CLOCK]
-    rest = [spans[n] for n in names if n not in mod.WALL_CLOCK]
+    rest = [span for label, span in spans.items() if label not in mod.WALL_CLOCK]
     assert wall[0][1] <= wall[1][0]  # one after the other
     assert max(end for _, end in wall) <= min(start for start, _ in rest)  # nothing beside
     events = sorted([(s, 1) for s, _ in rest] + [(e, -1) for _, e in rest])
