@@ -234,6 +234,20 @@ def test_benchmark_page_holds_each_goal(tmp_path, monkeypatch):
     assert "1.031, 1.062 | **no** |" in rows["late"]
 
 
+def test_benchmark_records_of_one_second_have_their_own_anchors(tmp_path, monkeypatch):
+    """Two runs of a case that start in the same second (two processes) get two sections,
+    each linked from the tables by an id of its own."""
+    from hpcpipe.bench.common import RECORDS_ENV, write_record
+
+    monkeypatch.setenv(RECORDS_ENV, str(tmp_path))
+    rec = json.loads(write_record("unit", ["width", "t (us)"], [[64, 1.0]], True).read_text())
+    (tmp_path / "copy.json").write_text(json.dumps({**rec, "rows": [[64, 2.0]]}))
+    page = pages.benchmarks_page(tmp_path)
+    ids = re.findall(r"\{#([a-z0-9-]+)\}", page)
+    assert len(ids) == 2 and len(set(ids)) == 2
+    assert all(f"](#{i})" in page for i in ids)
+
+
 def test_stored_benchmark_records_are_complete():
     for path in sorted((DOCS / "records" / "bench").glob("*.json")):
         rec = json.loads(path.read_text())

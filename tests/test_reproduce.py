@@ -116,3 +116,37 @@ def test_jobs_below_one_is_refused(tmp_path):
     )
     assert res.returncode == 2 and "--jobs" in res.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_timings_hold_the_analysis_and_the_whole_command(monkeypatch, tmp_path):
+    """timings.json: each study, then the analysis, the runs and "all" (runs + analysis,
+    the figure the README quotes); the analysis's exit status is the script's."""
+    import json
+
+    mod = _load()
+    rows = [{"study": n, "wall_s": 1.0, "cpu_s": 2.0, "load_start": 0.0, "load_end": 0.0}
+            for n in ("lower", "smooth")]  # fmt: skip
+    monkeypatch.setattr(mod, "run_all", lambda names, out, jobs: [dict(r) for r in rows])
+    popen = subprocess.Popen
+    ran = []
+
+    def analysis(argv):
+        ran.append(argv)
+        work = (  # 0.2 s of CPU, then the exit status of a violated bound
+            "import sys, time\nt = time.process_time() + 0.2\n"
+            "while time.process_time() < t: pass\nsys.exit(1)"
+        )
+        return popen([sys.executable, "-c", work])
+
+    monkeypatch.setattr(mod.subprocess, "Popen", analysis)
+    out = tmp_path / "r"
+    assert (
+        mod.main(["--only", "lower,smooth", "--out", str(out), "--report", str(tmp_path / "p")])
+        == 1
+    )
+    assert ran and ran[0][:2] == ["hpcpipe", "analyze"]
+    t = {r["study"]: r for r in json.loads((out / "timings.json").read_text())}
+    assert list(t) == ["lower", "smooth", "analysis", "runs", "all"]
+    assert t["analysis"]["cpu_s"] >= 0.1 and t["runs"]["cpu_s"] == 4.0
+    assert t["all"]["cpu_s"] == round(t["runs"]["cpu_s"] + t["analysis"]["cpu_s"], 1)
+    assert t["all"]["wall_s"] >= t["runs"]["wall_s"] + t["analysis"]["wall_s"] - 0.1
