@@ -58,6 +58,36 @@ def test_perturbation_is_partition_independent():
     assert not np.array_equal(pw, whole.flat)
 
 
+def test_noise_is_its_generators_draw_bitwise_in_any_order_and_thread():
+    """rng.noise reuses a Philox per thread: each draw equals a fresh generator's,
+    whatever was drawn before (other keys, a partial float32 word) and in threads."""
+    import threading
+
+    cases = [(1, 2, 3, 4, (100,), np.float64), (0, 0, 0, 0, (3, 5), np.float32),
+             (2**63 + 5, 7, 9, 1, (7,), np.float32), (1, 2, 3, 4, (4097,), np.float64),
+             (-1, 2**70, 1, 3, (2, 2), np.float64)]  # fmt: skip
+    want = [rng.noise_generator(*c[:4]).standard_normal(c[4], dtype=c[5]) for c in cases]
+    for order in (cases, cases[::-1], cases + cases):
+        for c in order:
+            got = rng.noise(*c[:4], c[4], dtype=c[5])
+            assert got.dtype == c[5]
+            np.testing.assert_array_equal(got, want[cases.index(c)])
+    bad = []
+
+    def draw():
+        for _ in range(200):
+            for c, w in zip(cases, want):
+                if not np.array_equal(rng.noise(*c[:4], c[4], dtype=c[5]), w):
+                    bad.append(c)
+
+    threads = [threading.Thread(target=draw) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+
+
 def test_noise_streams_are_counter_based():
     a = rng.noise(1, 2, 3, 4, (100,))
     np.testing.assert_array_equal(a, rng.noise(1, 2, 3, 4, (100,)))
