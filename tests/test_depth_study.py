@@ -342,3 +342,22 @@ def test_budgeted_tuning_chooses_what_full_tuning_chooses(tmp_path, monkeypatch)
     full_plan = dataclasses.replace(plan, out=str(tmp_path / "full"))
     assert depth_runs.tune(full_plan, log=lambda *a: None) == best
     assert not any(r.config.get("time_budget") for r in load_records(tmp_path / "full"))
+
+
+def test_workers_hold_every_blas_to_one_thread_scipys_own_included():
+    """``one_blas_thread``: scipy ships an OpenBLAS of its own, loaded by the first import
+    of scipy.linalg; a limit entered before that import left it at its default threads
+    (spinning while they wait). In a fresh process, every BLAS loaded is at 1 thread."""
+    import ast
+    import subprocess
+    import sys
+
+    code = (
+        "from threadpoolctl import threadpool_info\n"
+        "from hpcpipe.studies.depth_runs import one_blas_thread\n"
+        "with one_blas_thread():\n"
+        "    print([i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    threads = ast.literal_eval(out.stdout)  # the list of ints the child printed
+    assert len(threads) >= 2 and set(threads) == {1}, threads  # numpy's BLAS and scipy's

@@ -84,3 +84,41 @@ def test_mpi_engine_never_serves_a_kept_answer():
 
     assert not getattr(Engine, "timed_by_model", False)
     assert SimulatedPipeline.timed_by_model
+
+
+@pytest.mark.parametrize(
+    "values, plain",
+    [
+        ({"optimizer": "gd", "gamma": 0.0, "samples": 1}, 0),  # f(θ) kept: always with ∇
+        # AGD: only f(θ₀) is kept (t = 1, μ = 0); every f(θ_t) after an update is plain
+        ({"optimizer": "agd", "gamma": 0.0, "samples": 1}, BASE["iterations"]),
+    ],  # fmt: skip
+)
+def test_f_of_theta_runs_no_backward_when_it_cannot_be_reused(monkeypatch, values, plain):
+    """``Optimizer.next_point_is_theta``: the runner asks for f(θ) without a gradient
+    exactly when the next oracle call cannot be at θ, and the run is bitwise the same."""
+    cfg = make_config({**BASE, "executor": "simulated", **values})
+    inner = SimulatedPipeline.evaluate
+    tables = []
+    for ask in (True, False):
+        flags = []
+
+        def counting(self, *a, flags=flags, **k):
+            flags.append(k.get("gradient", True))
+            return inner(self, *a, **k)
+
+        with monkeypatch.context() as m:
+            m.setattr(SimulatedPipeline, "evaluate", counting)
+            m.setattr(SimulatedPipeline, "timed_by_model", True)
+            if not ask:  # the rule before it: every f(θ) with its gradient, kept
+                from hpcpipe.optim import base, methods
+
+                for cls in (base.Optimizer, methods.AGD, methods.PPRS):
+                    m.setattr(cls, "next_point_is_theta", lambda self, state: True)
+            res = run(cfg, MPI.COMM_SELF)
+        tables.append(res.table[:, :-1])
+        if ask:
+            assert flags.count(False) == plain
+        else:
+            assert flags.count(False) == 0
+    np.testing.assert_array_equal(tables[0], tables[1])

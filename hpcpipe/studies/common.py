@@ -383,7 +383,10 @@ def depth_ratio_figure(
     per series (style "-": measured, ":": a bound, in the colour of the series before
     it), with the reference level 1 labelled ``line``; the caller saves it."""
     plt = figure()
-    fig, ax = plt.subplots(figsize=(8, 4.6))
+    # the legend (one entry per series and the reference line) stands right of the axes
+    # in columns of LEGEND_ROWS: the figure widens with them, so the axes keep their width
+    ncol = max(1, -(-(len(series) + 1) // LEGEND_ROWS))
+    fig, ax = plt.subplots(figsize=(5.0 + 3.2 * ncol, 4.6))
     i = -1
     for label, depths, ratios, style in series:
         if style == "-":
@@ -394,6 +397,6 @@ def depth_ratio_figure(
     ax.axhline(1.0, color="k", ls="--", lw=1, label=line)
     ax.set_xlabel("depth (layers = stages)")
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    fig.suptitle(title)  # over the whole figure: a long title is not cut at the axes' edge
     legend_outside(ax)
     return fig
