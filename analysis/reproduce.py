@@ -5,22 +5,27 @@
     python analysis/reproduce.py --list               # the commands, without running them
 
 Each study is a list of steps (``hpcpipe sweep`` of a file under ``jobs/sweeps/``, or a
-study's own driver module) run one after the other; a step whose results are complete
-is skipped by the sweep itself, so an interrupted reproduction resumes where it stopped.
-A sweep step with ``np`` launches that many ranks, so a sweep of one-rank points runs
-``np`` points side by side (the simulated sweeps: ``--np 2``, one per core of the
-2-core machine; the MPI spot checks' Δ ranks are oversubscribed by design).
+study's own driver module); a step whose results are complete is skipped by the sweep
+itself, so an interrupted reproduction resumes where it stopped. A model-clock step is a
+job of one process: its sweep runs one point at a time (the MPI spot checks launch their
+Δ ranks, oversubscribed by design, idle ranks asleep) and a driver runs with
+``--workers 1``, one BLAS thread each, so that ``--jobs`` jobs keep as many processes busy
+as the machine has cores. Oversubscribed, the same work costs more CPU: the model-clock
+studies took 1,798 s of CPU as two-process jobs two at a time (the stored run of
+2026-12-06 01:18 UTC) and 1,300 s as one-process jobs, later that day. A point's file
+does not depend on the process that runs it (checked bitwise on the asymptotic depth
+grid: 96 files, 2,912 datasets, run on one worker and on two).
 
 The studies judged in seconds (``WALL_CLOCK``: their wall-clock rows need a quiet
 machine) run first, one at a time, with nothing beside them. The others are judged on
-the model clock, whose figures do not depend on the load: they run ``--jobs`` at a time
-(default 2, this machine's cores), longest first, so that one study's serial stretches
-leave no core idle. For each study and for the analysis, the wall time, the CPU time of
-its processes (user + sys of each step and what it waited for, from ``wait4``) and the
-load average at its start and end are printed and written to ``<out>/timings.json``
-with the runs' wall time (``runs``) and the whole command's (``all``: runs and
-analysis), so the run time a README quotes is measured, with the load it was measured
-at.
+the model clock, whose figures do not depend on the load: each of their independent
+steps is a job, and the jobs run ``--jobs`` at a time (default 2, this machine's cores),
+longest first (``Step.cost``), so that no core waits while work is left. For each study
+and for the analysis, the wall time, the CPU time of its processes (user + sys of each
+step and what it waited for, from ``wait4``) and the load average at its start and end
+are printed and written to ``<out>/timings.json`` with the runs' wall time (``runs``)
+and the whole command's (``all``: runs and analysis), so the run time a README quotes is
+measured, with the load it was measured at.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class Step:
     sweep: str = ""
     module: str = ""
     np: int = 0  # ranks of a sweep's launch (hpcpipe sweep --np): 0 = its largest point's
+    cost: float = 0.0  # CPU seconds alone, from a stored run: the jobs start longest first
     calibrate: str = ""
     args: tuple[str, ...] = ()  # further arguments of a driver module
     folder: str = ""  # the results folder under --out (default: the driver's study name)
@@ -69,53 +75,60 @@ class Step:
         return [sys.executable, "-m", self.module, "--out", str(out / name), *self.args]
 
 
+ONE = ("--workers", "1")  # a driver's runs in its own process: one job, one core
+
 # the depth study's asymptotic regime: x = RL/eps = 128 and 256 (d = 1024, 4096) on
 # Householder layers, deep points on the reduced route (hpcpipe.pipeline.reduced)
 DEPTH_ASYMPTOTIC = Step(
     module="hpcpipe.studies.depth_runs",
     folder="depth-asymptotic",
-    args=("--xs", "128,256", "--depths", "2,64,512,4096", "--spot-depths", "2"),
+    args=("--xs", "128,256", "--depths", "2,64,512,4096", "--spot-depths", "2", *ONE),
+    cost=532,
 )
 
 
-# The report's studies (hpcpipe.studies.report.STUDIES) and the steps that make their results.
+# The report's studies (hpcpipe.studies.report.STUDIES) and the steps that make their
+# results. A model-clock step's ``cost`` orders the jobs only (longest first): its CPU
+# seconds in a run of this arrangement on the 2-core development machine (2026-12-06).
 STUDIES: dict[str, list[Step]] = {
     # its wall-clock runs are held to a profile per depth, calibrated first
     "pipeline-time": [Step(calibrate="pipeline-time"), Step(sweep="pipeline-time")],
     # one profile per depth (a profile holds one rank count), at the paths the sweep names
     "depth-wall": [Step(calibrate="depth-wall"), Step(sweep="depth-wall")],
-    # the model-clock studies, longest first (run_all starts them in this order)
-    "depth": [Step(module="hpcpipe.studies.depth_runs"), DEPTH_ASYMPTOTIC],
+    # the model-clock studies: every step writes its own folder and reads no other's
+    "depth": [Step(module="hpcpipe.studies.depth_runs", args=ONE, cost=84), DEPTH_ASYMPTOTIC],
     "paper": [
-        Step(sweep="paper", np=2),
-        Step(sweep="paper-gamma", np=2),
-        Step(sweep="paper-fewshot", np=2),
-        Step(sweep="paper-fgsm", np=2),
-        Step(sweep="paper-mpi"),
+        Step(sweep="paper", cost=137),
+        Step(sweep="paper-gamma", cost=19),
+        Step(sweep="paper-fewshot", cost=41),
+        Step(sweep="paper-fgsm", cost=9),
+        Step(sweep="paper-mpi", cost=54),
     ],
-    "dimension": [Step(module="hpcpipe.studies.dimension_runs")],
-    "lower": [Step(sweep="lower", np=2), Step(sweep="lower-mpi")],
-    "nonconvex": [Step(sweep="nonconvex", np=2), Step(sweep="nonconvex-mpi")],
-    "smooth": [Step(sweep="smooth"), Step(sweep="smooth-worstcase", np=2)],
-    "schedules": [Step(module="hpcpipe.studies.schedules_runs")],
+    "dimension": [Step(module="hpcpipe.studies.dimension_runs", args=ONE, cost=175)],
+    "lower": [Step(sweep="lower", cost=51), Step(sweep="lower-mpi", cost=21)],
+    "nonconvex": [Step(sweep="nonconvex", cost=17), Step(sweep="nonconvex-mpi", cost=32)],
+    "smooth": [Step(sweep="smooth", cost=41), Step(sweep="smooth-worstcase", cost=6)],
+    "schedules": [Step(module="hpcpipe.studies.schedules_runs", args=ONE, cost=5)],
 }
 
 
 # studies with rows judged in seconds on this machine: run alone, before the others
 WALL_CLOCK = ("pipeline-time", "depth-wall")
 
-# studies whose steps are independent (each writes its own results folder and reads
-# none of the others'): each step is a job of its own, so that the depth study's two
-# halves (the shipped grid, 417 s, and DEPTH_ASYMPTOTIC, 560 s, in a run of 978 s)
-# run side by side instead of making the run's long pole one after the other
-SPLIT = ("depth",)
+
+def jobs_of(names: list[str]) -> list[tuple[str, str, list[Step]]]:
+    """The model-clock studies' jobs, longest first: (study, label, steps), one job per
+    step (its label ``study:folder`` when the study has several)."""
+    jobs = []
+    for n in names:
+        steps = STUDIES[n]
+        for s in steps:
+            jobs.append((n, n if len(steps) == 1 else f"{n}:{s.folder_name}", [s]))
+    return sorted(jobs, key=lambda j: -sum(s.cost for s in j[2]))
 
 
-def jobs_of(name: str) -> list[list[Step]]:
-    """A study's steps as scheduled jobs: one job of all of them, run in order, or for a
-    study in ``SPLIT`` one job per step."""
-    steps = STUDIES[name]
-    return [[s] for s in steps] if name in SPLIT else [steps]
+# one BLAS thread per process (unless set): a job is one process on one core
+ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **os.environ}
 
 
 def _load() -> float:
@@ -135,7 +148,7 @@ def run_study(name: str, steps: list[Step], out: Path) -> dict:
     for step in steps:
         argv = step.argv(out)
         print(f"[{name}] {shlex.join(argv)}", flush=True)
-        proc = subprocess.Popen(argv)
+        proc = subprocess.Popen(argv, env=ENV)
         cpu += _wait(proc)
         if proc.returncode != 0:
             raise subprocess.CalledProcessError(proc.returncode, argv)
@@ -185,12 +198,7 @@ def run_all(names: list[str], out: Path, jobs: int) -> list[dict]:
     rows = [run_study(n, STUDIES[n], out) for n in names if n in WALL_CLOCK]
     rest = [n for n in names if n not in WALL_CLOCK]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = []
-        for n in rest:
-            parts = jobs_of(n)
-            for steps in parts:
-                label = n if len(parts) == 1 else f"{n}:{steps[0].folder_name}"
-                futures.append((n, pool.submit(_timed, label, steps, out)))
+        futures = [(n, pool.submit(_timed, label, steps, out)) for n, label, steps in jobs_of(rest)]
         done = [(n, f.result()) for n, f in futures]  # the first failure, once all ended
     return rows + [_merged(n, [p for m, p in done if m == n]) for n in rest]
 

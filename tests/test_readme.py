@@ -137,7 +137,7 @@ def test_studies_table_follows_a_new_report(tmp_path):
     ]
     (report / "record.json").write_text(json.dumps({"date": "D", "timings": timings}))
     timed = pages.readme_table(report)
-    assert "took 20 min 50 s wall and 2400 s of CPU, 2 model-clock studies at a time" in timed
+    assert "took 20 min 50 s wall and 2400 s of CPU, 2 model-clock jobs at a time" in timed
     assert "| PPRS faster past a crossover | 300 s, 580 s |" in timed
     (report / "record.json").unlink()
     readme = tmp_path / "README.md"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from hpcpipe.run.config import tomllib
 from hpcpipe.studies.report import STUDIES as REPORT_STUDIES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,13 +91,21 @@ def test_wall_clock_studies_run_alone_first_and_the_rest_jobs_at_a_time(monkeypa
     names = list(mod.STUDIES)
     rows = mod.run_all(names, tmp_path, jobs=2)
     assert sorted(r["study"] for r in rows) == sorted(names)
-    # a split study ran as one job per step, and its row sums them
-    assert mod.SPLIT
-    for n in mod.SPLIT:
+    # a model-clock study of several steps ran as one job per step, and its row sums them
+    split = [n for n in names if n not in mod.WALL_CLOCK and len(mod.STUDIES[n]) > 1]
+    assert split
+    for n in split:
         jobs = [label for label in spans if label.startswith(f"{n}:")]
-        assert len(jobs) == len(mod.STUDIES[n]) > 1 and n not in spans
+        assert len(jobs) == len(mod.STUDIES[n]) and n not in spans
         (row,) = [r for r in rows if r["study"] == n]
         assert len(row["parts"]) == len(jobs) and row["cpu_s"] == len(jobs)
+    # the jobs started longest first: the two dearest steps began before any other
+    order = sorted((span[0], label) for label, span in spans.items() if label not in mod.WALL_CLOCK)
+    costs = {label: sum(s.cost for s in steps) for _, label, steps in mod.jobs_of(names)}
+    first_two = {label for _, label in order[:2]}
+    assert min(costs[lb] for lb in first_two) >= max(
+        costs[lb] for lb in costs if lb not in first_two
+    )
     wall = [spans[n] for n in mod.WALL_CLOCK]
     rest = [span for label, span in spans.items() if label not in mod.WALL_CLOCK]
     assert wall[0][1] <= wall[1][0]  # one after the other
@@ -150,3 +160,22 @@ def test_timings_hold_the_analysis_and_the_whole_command(monkeypatch, tmp_path):
     assert t["analysis"]["cpu_s"] >= 0.1 and t["runs"]["cpu_s"] == 4.0
     assert t["all"]["cpu_s"] == round(t["runs"]["cpu_s"] + t["analysis"]["cpu_s"], 1)
     assert t["all"]["wall_s"] >= t["runs"]["wall_s"] + t["analysis"]["wall_s"] - 0.1
+
+
+def test_a_model_clock_job_is_one_process_with_one_blas_thread(tmp_path):
+    """Jobs run --jobs at a time, one core each: a driver with --workers 1, a sweep at the
+    ranks its points ask for (no --np: never two points side by side), one BLAS thread."""
+    mod = _load()
+    for n, _, (step,) in mod.jobs_of([n for n in mod.STUDIES if n not in mod.WALL_CLOCK]):
+        argv = step.argv(tmp_path)
+        if step.module:
+            at = argv.index("--workers")
+            assert argv[at + 1] == "1", (n, argv)
+        else:
+            assert "--np" not in argv, (n, argv)
+            # an MPI sweep's ranks beyond the cores sleep while they wait, never spin
+            sweep = tomllib.loads((mod.SWEEPS / f"{step.sweep}.toml").read_text())
+            if sweep["base"].get("executor") == "mpi":
+                assert sweep["base"].get("wait") == "sleep", step.sweep
+        assert step.cost > 0, n
+    assert mod.ENV["OPENBLAS_NUM_THREADS"] == "1" or "OPENBLAS_NUM_THREADS" in os.environ

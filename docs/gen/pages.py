@@ -542,7 +542,7 @@ def readme_table(report: Path = REPORT) -> str:
         )
         took = (
             f"; {what} took {m} min {sec} s wall and "
-            f"{a['cpu_s']:.0f} s of CPU, {a.get('jobs', 1)} model-clock studies at a time"
+            f"{a['cpu_s']:.0f} s of CPU, {a.get('jobs', 1)} model-clock jobs at a time"
         )
     lines = [
         f"Verdicts of the stored report ({rec.get('date', 'none stored')}{on}{took}; every "
