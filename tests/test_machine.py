@@ -440,3 +440,42 @@ def test_every_record_uses_the_one_clean_library_name(monkeypatch, capsys):
     assert mpi_library() == "Open MPI v5.0.11"
     assert info.run(None, [], []) == 0
     assert "MPI: Open MPI v5.0.11\n" in capsys.readouterr().out
+
+
+ALIGN = """
+import time
+from mpi4py import MPI
+from hpcpipe.pipeline.clocks import align_wall_clocks
+comm = MPI.COMM_WORLD
+origin = align_wall_clocks(comm)
+# a message stamped on rank 0's clock reads a non-negative latency on every other rank
+if comm.rank == 0:
+    for r in range(1, comm.size):
+        time.sleep(0.005)
+        comm.send(time.perf_counter() - origin, dest=r)
+else:
+    sent = comm.recv(source=0)
+    assert time.perf_counter() - origin - sent >= 0.0
+print(repr(origin), flush=True)
+"""
+
+
+def test_ranks_of_one_host_share_rank0s_clock_exactly(tmp_path):
+    """On one host every rank reads rank 0's CLOCK_MONOTONIC: the aligned origin is rank
+    0's own reading on every rank (no ping-pong estimate, whose error on an
+    oversubscribed host reached milliseconds and made a calibration's wake-up negative),
+    so a one-way latency is never below 0. Four ranks on the 2-core machine."""
+    import time as _time
+
+    from hpcpipe.cli.launch import mpiexec_command
+
+    if "CLOCK_MONOTONIC" not in _time.get_clock_info("perf_counter").implementation:
+        pytest.skip("perf_counter is not CLOCK_MONOTONIC here")
+    script = tmp_path / "align.py"
+    script.write_text(ALIGN)
+    p = subprocess.run(
+        mpiexec_command(4, [str(script)]), capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    origins = {float(line) for line in p.stdout.split()}
+    assert len(origins) == 1, p.stdout
