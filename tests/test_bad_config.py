@@ -240,3 +240,21 @@ def test_random_toml_files_run_or_exit_2(tmp_path_factory, values, table):
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
         rc = main(["validate", str(f)])
     _accepted_or_refused(rc, buf.getvalue())
+
+
+def test_a_config_file_without_config_is_named_as_such(tmp_path, capsys, monkeypatch):
+    """``hpcpipe run confg.toml`` (a path where key=value overrides go): exit 2, one line
+    that points to --config and says whether the file exists; nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    for word, there in (("confg.toml", "no such file"), ("jobs/run.toml", "no such file")):
+        try:
+            rc = main(["run", word, "--no-output"])
+        except SystemExit as e:
+            rc = e.code
+        err = capsys.readouterr().err
+        assert rc == 2 and "--config" in err and there in err and "Traceback" not in err, err
+    (tmp_path / "mine.toml").write_text("depth = 2\n")
+    rc = main(["run", "mine.toml", "--no-output"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--config (it exists)" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.toml"]

@@ -101,7 +101,7 @@ def test_no_advantage_when_pprs_needs_as_many_iterations_fails_the_claim(tmp_pat
     assert claim.ok is False
 
 
-def test_planted_weight_before_input_schedule_is_refused_by_the_study():
+def test_planted_weight_before_input_schedule_is_refused_by_the_study(monkeypatch):
     def w_first(n_ranks, n_items):
         good = schedules.build("zb-h1", n_ranks, n_items)
         acts = [[str(a) for a in lst] for lst in good.actions]
@@ -110,6 +110,8 @@ def test_planted_weight_before_input_schedule_is_refused_by_the_study():
         last[i], last[w] = last[w], last[i]  # W(0) before its I(0) on the last stage
         return Schedule.from_lists("w-first", n_items, acts)
 
+    # registered in this test's copy of the registry: later tests never see it
+    monkeypatch.setattr(schedules.SCHEDULES, "_entries", dict(schedules.SCHEDULES._entries))
     schedules.register_schedule("test-w-first", w_first, replace=True)
     with pytest.raises(ScheduleError, match="comes before its input gradient"):
         study_mod.iteration_time("test-w-first", 4, 8)

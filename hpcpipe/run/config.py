@@ -337,6 +337,12 @@ def load(
         values.update(data)
     for item in overrides or []:
         if "=" not in item:
+            if item.endswith(".toml") or Path(item).suffix or "/" in item:
+                there = "it exists" if Path(item).is_file() else "no such file"
+                raise ConfigError(
+                    f"{_shown(item)} is not a key=value override; a config file goes after "
+                    f"--config ({there})"
+                )
             raise ConfigError(f"override {item!r}: write key=value")
         k, v = item.split("=", 1)
         values[k.strip()] = v.strip()
