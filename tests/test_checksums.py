@@ -116,15 +116,20 @@ def test_a_file_from_before_checksums_reads_flagged_and_resumes(tmp_path, capsys
     assert main(["export", str(old), "-o", str(tmp_path / "e")]) == 0
     assert f"note: {old}: {NO_CHECKSUMS}" in capsys.readouterr().err
     assert read_state(old).scalars[0] == 9
+    stored = r.iterations["loss"].copy()
     assert main(["run", "--resume", str(old)]) == 0
     done = load(old)
     ref = tmp_path / "ref.h5"
     run(make_config({**SMALL, "output": str(ref)}), MPI.COMM_SELF)
     assert done.status == "complete" and not done.checksums  # its old datasets stay as they were
-    np.testing.assert_array_equal(done.iterations["loss"], load(ref).iterations["loss"])
+    np.testing.assert_array_equal(done.iterations["loss"][:8], stored)  # bitwise untouched
+    # the stored file was written on another machine, and numpy's summation order (so the
+    # last bits) depends on the CPU: 1.5e-15 relative apart on an AVX-512 machine. Bitwise
+    # resumes on one machine are tested in test_crash_saves.py
+    np.testing.assert_allclose(done.iterations["loss"], load(ref).iterations["loss"], rtol=1e-12)
     with h5py.File(old, "r") as f, h5py.File(ref, "r") as g:
         assert f["state/commit"].fletcher32  # what the resume added carries checksums
         for k in g["state/optimizer"]:
-            np.testing.assert_array_equal(
-                f[f"state/optimizer/{k}"][()], g[f"state/optimizer/{k}"][()]
+            np.testing.assert_allclose(
+                f[f"state/optimizer/{k}"][()], g[f"state/optimizer/{k}"][()], rtol=1e-12
             )

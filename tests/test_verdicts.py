@@ -83,3 +83,15 @@ def test_a_bound_row_under_the_same_rule():
         for fit in ((1.0, 0.9, 1.1), (0.6, 0.5, 0.7), (1.0, 0.5, 1.5))
     ]
     assert words == ["within bound", "VIOLATED", "inconclusive"]
+
+
+def test_an_interval_end_within_rounding_of_the_target_holds_it():
+    """Resampled points that differ in one factor only give the exact slope, read as
+    1 + 2e-16 on one CPU and 1 - 2e-16 on another: that end holds the target (the
+    verdict is then decided by the band), while an end a millionth off excludes it."""
+    for end in (1 + 2.2e-16, 1 - 2.2e-16, 1.0):
+        assert equivalence(end, 1.35, 1.0, 0.2) is None  # holds 1, wider than the band
+        assert equivalence(0.65, 2 - end, 1.0, 0.2) is None
+    assert equivalence(1 + 1e-6, 1.35, 1.0, 0.2) is False
+    assert equivalence(0.65, 1 - 1e-6, 1.0, 0.2) is False
+    assert equivalence(1 + 2.2e-16, 1.1, 1.0, 0.2) is True
