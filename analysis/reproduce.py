@@ -10,11 +10,9 @@ itself, so an interrupted reproduction resumes where it stopped. A model-clock s
 job of one process: its sweep runs one point at a time (the MPI spot checks launch their
 Δ ranks, oversubscribed by design, idle ranks asleep) and a driver runs with
 ``--workers 1``, one BLAS thread each, so that ``--jobs`` jobs keep as many processes busy
-as the machine has cores. Oversubscribed, the same work costs more CPU: the model-clock
-studies took 1,798 s of CPU as two-process jobs two at a time (the stored run of
-2026-12-06 01:18 UTC) and 1,300 s as one-process jobs, later that day. A point's file
-does not depend on the process that runs it (checked bitwise on the asymptotic depth
-grid: 96 files, 2,912 datasets, run on one worker and on two).
+as the machine has cores: oversubscribed, the same work costs more CPU (each run's
+``timings.json`` holds every job's wall and CPU seconds). A point's file does not
+depend on the process that runs it.
 
 The studies judged in seconds (``WALL_CLOCK``: their wall-clock rows need a quiet
 machine) run first, one at a time, with nothing beside them. The others are judged on
@@ -52,7 +50,6 @@ class Step:
 
     sweep: str = ""
     module: str = ""
-    np: int = 0  # ranks of a sweep's launch (hpcpipe sweep --np): 0 = its largest point's
     cost: float = 0.0  # CPU seconds alone, from a stored run: the jobs start longest first
     calibrate: str = ""
     args: tuple[str, ...] = ()  # further arguments of a driver module
@@ -70,8 +67,8 @@ class Step:
             return ["hpcpipe", "calibrate", "--sweep", str(SWEEPS / f"{self.calibrate}.toml")]
         name = self.folder_name
         if self.sweep:
-            argv = ["hpcpipe", "sweep", str(SWEEPS / f"{name}.toml"), "--out", str(out / name)]
-            return argv + (["--np", str(self.np)] if self.np else [])
+            # no --np: each point on the ranks it asks for, one point at a time (module doc)
+            return ["hpcpipe", "sweep", str(SWEEPS / f"{name}.toml"), "--out", str(out / name)]
         return [sys.executable, "-m", self.module, "--out", str(out / name), *self.args]
 
 

@@ -165,7 +165,7 @@ def align_wall_clocks(comm, rounds: int = 8) -> float:
     """Estimate this rank's perf_counter offset to rank 0; return the origin.
 
     A rank on rank 0's host reads the same clock when perf_counter is the kernel's
-    CLOCK_MONOTONIC (Linux; ``shares_rank0_clock``): its offset is 0 exactly. Any
+    CLOCK_MONOTONIC (Linux): its offset is 0 exactly. Any
     other rank ping-pongs with rank 0; the round with the smallest round-trip gives
     offset = t0 − (t_send + t_recv)/2 (Cristian's algorithm), whose error is up to
     half that round trip: milliseconds on an oversubscribed host (a 32-rank
@@ -176,7 +176,15 @@ def align_wall_clocks(comm, rounds: int = 8) -> float:
     from mpi4py import MPI
 
     buf = np.zeros(1)
-    same = comm.allgather(shares_rank0_clock(comm))
+    # (host, perf_counter is CLOCK_MONOTONIC) of every rank: one collective, so rank 0 and
+    # rank r agree on whether they ping-pong
+    every = comm.allgather(
+        (
+            socket.gethostname(),
+            "CLOCK_MONOTONIC" in time.get_clock_info("perf_counter").implementation,
+        )
+    )
+    same = [host == every[0][0] and mono and every[0][1] for host, mono in every]
     comm.Barrier()
     t0_origin = np.array([time.perf_counter()]) if comm.rank == 0 else np.zeros(1)
     comm.Bcast([t0_origin, MPI.DOUBLE], root=0)
@@ -200,14 +208,3 @@ def align_wall_clocks(comm, rounds: int = 8) -> float:
                     best, offset = te - ts, buf[0] - (ts + te) / 2
     # local clock + offset = rank-0 clock; origin in local terms:
     return float(t0_origin[0] - offset)
-
-
-def shares_rank0_clock(comm) -> bool:
-    """True on a rank whose perf_counter is rank 0's own clock: the same host (and so
-    the same kernel) and perf_counter read from CLOCK_MONOTONIC, which is one clock
-    for every process of a host."""
-    host = socket.gethostname()
-    return (
-        comm.bcast(host, root=0) == host
-        and "CLOCK_MONOTONIC" in time.get_clock_info("perf_counter").implementation
-    )

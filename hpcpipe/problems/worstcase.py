@@ -23,7 +23,7 @@ from hpcpipe.model import rng
 from hpcpipe.model.losses import PinballResidual, TridiagQuadratic
 from hpcpipe.model.stages import Batch
 from hpcpipe.problems.base import L2Regulariser
-from hpcpipe.problems.chains import ChainProblem, _entry, _orth_spec, smooth_check
+from hpcpipe.problems.chains import ChainProblem, _entry, _orth_spec, exact_norm, smooth_check
 
 PINBALL_TAU = 0.75
 
@@ -73,8 +73,8 @@ def nesterov_chain(depth: int, d: int, seed: int, k: int | None = None) -> Chain
         "input",
         d,
         f_star=-1.0 / (2.0 * math.sqrt(k)),
-        L=1.0 + 2.0 * mu * float(np.linalg.norm(z_star)),
-        R=float(np.linalg.norm(z_star)),  # = 1
+        L=1.0 + 2.0 * mu * exact_norm(z_star),
+        R=exact_norm(z_star),  # = 1
         regulariser=L2Regulariser(mu),
         z_star=z_star,
         info={"chain_length": k},
@@ -129,7 +129,7 @@ def pinball_chain(depth: int, d: int, seed: int, tau: float = PINBALL_TAU) -> Ch
         d,
         f_star=0.0,
         L=head.default_scale(d) * max(tau, 1.0 - tau) * math.sqrt(d),  # = 1
-        R=float(np.linalg.norm(b)),  # = 1
+        R=exact_norm(b),  # = 1
         z_star=b,
         info={"tau": tau},
     )
@@ -240,7 +240,7 @@ def tridiag_chain(depth: int, d: int, seed: int, beta: float = 1.0) -> ChainProb
         d,
         f_star=head.minimum(d),
         beta=float(beta),
-        R=float(np.linalg.norm(z_star)),  # = sqrt(d(2d+1)/(6(d+1)))
+        R=exact_norm(z_star),  # = sqrt(d(2d+1)/(6(d+1)))
         z_star=z_star,
     )
 
