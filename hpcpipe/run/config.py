@@ -337,7 +337,7 @@ def load(
         values.update(data)
     for item in overrides or []:
         if "=" not in item:
-            if item.endswith(".toml") or Path(item).suffix or "/" in item:
+            if Path(item).suffix or "/" in item:  # a path, not a setting
                 there = "it exists" if Path(item).is_file() else "no such file"
                 raise ConfigError(
                     f"{_shown(item)} is not a key=value override; a config file goes after "
