@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcpipe.machine.cores import cores
 from hpcpipe.run.table import table
 
 RECORDS_ENV = "HPCPIPE_BENCH_RECORDS"  # folder of the JSON records; "off": none
@@ -43,12 +44,6 @@ def _load() -> list[float]:
 
 # A case imports this module when it starts: the load average then is the record's start.
 _STARTED = (time.time(), _load())
-
-
-def cores() -> int:
-    """Cores this process may run on."""
-    aff = getattr(os, "sched_getaffinity", None)
-    return len(aff(0)) if aff else (os.cpu_count() or 1)
 
 
 def mpi_library() -> str:

@@ -53,6 +53,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpcpipe.machine.cores import cores
+
 SIZES = (8, 2048, 16384, 131072)  # payload bytes of the relay (the stamp adds 8)
 MIN_BLOCKS = 3
 
@@ -93,11 +95,6 @@ def spread(xs) -> float:
     """Relative interquartile range (q75 − q25) / median of repeated timings."""
     q25, q50, q75 = np.percentile(np.asarray(xs, dtype=float), [25, 50, 75])
     return float((q75 - q25) / q50) if q50 > 0 else 0.0
-
-
-def cores() -> int:
-    aff = getattr(os, "sched_getaffinity", None)
-    return len(aff(0)) if aff else (os.cpu_count() or 1)
 
 
 # ---------------------------------------------------------------- helpers on all ranks

@@ -19,6 +19,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from hpcpipe.machine.cores import cores
 from hpcpipe.pipeline.schedules import Kind, encode
 from hpcpipe.pipeline.wait import WAIT_POLICIES
 from hpcpipe.pipeline.watchdog import Watchdog, WatchdogTimeout
@@ -99,9 +100,7 @@ class Waiter:
         if policy not in WAIT_POLICIES:
             raise ValueError(f"wait policy {policy!r}: choose one of {', '.join(WAIT_POLICIES)}")
         if policy == "auto":
-            aff = getattr(os, "sched_getaffinity", None)
-            cores = len(aff(0)) if aff else os.cpu_count()
-            policy = "busy" if n_ranks <= (cores or 1) else "yield"
+            policy = "busy" if n_ranks <= cores() else "yield"
         self.policy, self.interval, self.timeout = policy, interval, float(timeout)
         self.watchdog = watchdog
 

@@ -27,6 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcpipe.errors import InjectedFailure
+from hpcpipe.machine.cores import cores
 from hpcpipe.machine.foreign import ForeignLoad
 from hpcpipe.model.stages import clear_block_cache, stage_offsets
 from hpcpipe.optim import OPTIMIZERS, Optimizer, OptState
@@ -213,7 +214,7 @@ class Run:
         self.wall0 = time.perf_counter()
         # the machine's load, for wall-clock verdicts (``studies.common.load_check``): the
         # load average, and the CPU other processes used during the run (machine.foreign)
-        self.extra["load_start"], self.extra["cores"] = _load(), _cores()
+        self.extra["load_start"], self.extra["cores"] = _load(), cores()
         self.foreign = ForeignLoad(comm)
 
     # ------------------------------------------------------------ resume and output
@@ -687,12 +688,6 @@ def _boundaries(eng: Executor, depth: int, S: int) -> tuple[list[int], list[int]
 def _load() -> float:
     """The 1-minute load average (NaN where the platform has none)."""
     return float(os.getloadavg()[0]) if hasattr(os, "getloadavg") else math.nan
-
-
-def _cores() -> int:
-    """Cores this process may run on."""
-    aff = getattr(os, "sched_getaffinity", None)
-    return len(aff(0)) if aff else (os.cpu_count() or 1)
 
 
 def _injection(spec: str) -> tuple[int, int, str] | None:
