@@ -123,7 +123,17 @@ def test_a_schedule_that_cannot_take_the_items_has_no_cell():
     assert study_mod.iteration_time("interleaved-1f1b", 4, 15) is None
     assert study_mod.iteration_time("zb-v", 6, 4) is not None  # 3 ranks, 6 stages
     assert study_mod.iteration_time("zb-v", 5, 4) is None  # not a multiple of v = 2
-    assert math.isnan(study_mod.closed_ratio("zb-h1", 8, (10, 5, 4)))  # n = 1 < P
+    # zb-v on 4 ranks (Δ = 8) has no closed form for 4 < n < 7 items: no predicted ratio
+    assert math.isnan(study_mod.closed_ratio("zb-v", 8, (10, 5, 6)))
+
+
+@pytest.mark.parametrize("name", ["zb-h1", "zb-v", "looped-bfs"])
+def test_closed_ratio_with_fewer_items_than_ranks_is_the_simulators(name):
+    # GD's one item and PPRS's K = 3 on Δ = 16 (8 or 16 ranks): n <= P for both calls
+    sim = [study_mod.iteration_time(name, 16, n) for n in (1, 3)]
+    assert all(math.isfinite(cf) for _, cf in sim)
+    want = 10 * sim[0][0] / (5 * sim[1][0])
+    assert study_mod.closed_ratio(name, 16, (10, 5, 3)) == pytest.approx(want, rel=1e-12)
 
 
 @pytest.mark.parametrize(("depth", "n"), [(4, 1), (8, 1), (64, 1), (64, 15), (16, 12), (8, 6)])

@@ -691,16 +691,30 @@ def interleaved_1f1b_time(
 def looped_bfs_time(
     S: int, n: int, t_f: float, t_b: float, c: float = 0.0, *, virtual: int = 2, **_
 ) -> float:
-    """T = (vn + P − 1)(t_F + t_B) + 2(P − 1)c when n·min(t_F, t_B) >= P(max(t_F, t_B) + c).
+    """T = (vn + P − 1)(t_F + t_B) + 2(P − 1)c when n·min(t_F, t_B) >= P(max(t_F, t_B) + c);
+    T = (n + vP − 1)(t_F + t_B) + 2(vP − 1)c·[P > 1] when n <= P.
 
-    Proof: item 0 comes back to rank 0 for its next loop after P actions and P
-    hops, P(t_F + c), while rank 0 is still busy with the n items of its
-    current loop (the condition), so no rank waits between loops. The last
-    rank starts at (P − 1)(t_F + c) (the fill), then runs its vn forwards and
-    vn backwards without a gap (each of its inputs is ready first, by the same
-    argument), and the gradients take (P − 1)(t_B + c) to drain to rank 0.
+    Proof (n·min >= P(max + c)): item 0 comes back to rank 0 for its next loop
+    after P actions and P hops, P(t_F + c), while rank 0 is still busy with the
+    n items of its current loop (the condition), so no rank waits between
+    loops. The last rank starts at (P − 1)(t_F + c) (the fill), then runs its
+    vn forwards and vn backwards without a gap (each of its inputs is ready
+    first, by the same argument), and the gradients take (P − 1)(t_B + c) to
+    drain to rank 0.
+
+    Proof (n <= P): rank r ends its loop on stage r by (r + n)t_F + r·c, no
+    later than item 0 reaches stage r + P on the same rank, (r + P)(t_F + c):
+    no rank ever holds an item back for its own earlier loop, so the items
+    flow as through GPipe on vP stages, one hop between any two consecutive
+    stages (a hop to the same rank only when P = 1, which is free):
+    (n + vP − 1)(t_F + t_B) plus 2(vP − 1) messages. Checked against the exact
+    simulator on random costs by the tests. Between the two regimes the ranks
+    wait for one another in a pattern that depends on the costs; no closed form
+    is claimed there.
     """
     P, v = S, int(virtual)
+    if n <= P:
+        return (n + v * P - 1) * (t_f + t_b) + (2 * (v * P - 1) * c if P > 1 else 0.0)
     if n * min(t_f, t_b) < P * (max(t_f, t_b) + c):
         raise OutsideRegime("looped-bfs's closed form needs n·min(t_F, t_B) >= P(max + c)")
     return (v * n + P - 1) * (t_f + t_b) + 2 * (P - 1) * c
@@ -717,7 +731,9 @@ def zb_h1_time(
     t_w: float | None = None,
     **_,
 ) -> float:
-    """T = n(t_F + t_I + t_W) + (P − 1)(t_F + t_I − t_W), for n >= P, t_W <= min(t_F, t_I), c = 0.
+    """T = n(t_F + t_I + t_W) + (P − 1)(t_F + t_I − t_W), for n >= P, t_W <= min(t_F, t_I), c = 0;
+    T = (n + P − 1)(t_F + t_I) + t_W for n <= P (same conditions): both give
+    (2P − 1)(t_F + t_I) + t_W at n = P.
 
     Qi et al. (2023, §3.1) give ZB-H1's bubble as (p − 1)(T_F + T_B − T_W),
     where their T_B is the backward for the input, our t_I (their full
@@ -729,11 +745,20 @@ def zb_h1_time(
     configurations (P <= 6, n <= 16, costs in [0.1, 2]) by the tests, and
     it fails outside the stated regime (e.g. t_W > t_I), where the formula
     is not claimed. No message term is claimed (c must be 0).
+
+    With n <= P items (GD's single item on a deep pipeline) no stage ever has
+    a W ready in the fill and the drain's I's are back to back: the path is
+    item 0's forward, the later items' forwards and I's on the way, n + P − 1
+    slots of t_F + t_I on it, and only stage 0's last W is left after the
+    last I. EMPIRICAL as well: the same tests check it (n <= P, random costs
+    in the regime).
     """
     P = S
     ti, tw = _split(t_b, t_i, t_w)
-    if c != 0.0 or n < P or tw > min(t_f, ti):
-        raise OutsideRegime("zb-h1's closed form holds for c = 0, n >= P, t_W <= min(t_F, t_I)")
+    if c != 0.0 or tw > min(t_f, ti):
+        raise OutsideRegime("zb-h1's closed form holds for c = 0, t_W <= min(t_F, t_I)")
+    if n <= P:
+        return (n + P - 1) * (t_f + ti) + tw
     return n * (t_f + ti + tw) + (P - 1) * (t_f + ti - tw)
 
 
@@ -748,7 +773,8 @@ def zb_v_time(
     t_w: float | None = None,
     **_,
 ) -> float:
-    """T = (6n + P − 1)t for t_F = t_I = t_W = t, n >= 2P − 1, c = 0.
+    """T = (6n + P − 1)t for t_F = t_I = t_W = t, n >= 2P − 1, c = 0;
+    T = (4n + 4P − 2)t for n <= P (same costs).
 
     Each rank runs 2n(t_F + t_I + t_W) = 6nt of work; the makespan exceeds it
     by (P − 1)t, the time item 0 needs to reach the last rank (Qi et al.,
@@ -756,10 +782,22 @@ def zb_v_time(
     on torch's ZB-V lists (ours are the same): read off and checked against
     the exact simulator by the tests; with unequal costs the makespan is
     piecewise and no closed form is claimed.
+
+    With n <= P items (GD's single item, or K <= P on a deep pipeline): one
+    item's path is its 2P forwards, its 2P I's and two W's, the last rank's W
+    of stage P (its list runs it before the I of stage P − 1, where the path
+    turns) and stage 0's W at the end, (4P + 2)t; each further item adds 4t.
+    EMPIRICAL: read off the simulator's end times and checked against it by
+    the tests. For P < n < 2P − 1 the makespan moves from one form to the
+    other in a way no formula here claims.
     """
     ti, tw = _split(t_b, t_i, t_w)
-    if c != 0.0 or n < 2 * S - 1 or not (t_f == ti == tw):
-        raise OutsideRegime("zb-v's closed form holds for c = 0, n >= 2P - 1, t_F = t_I = t_W")
+    if c != 0.0 or not (t_f == ti == tw):
+        raise OutsideRegime("zb-v's closed form holds for c = 0, t_F = t_I = t_W")
+    if n <= S:
+        return (4 * n + 4 * S - 2) * t_f
+    if n < 2 * S - 1:
+        raise OutsideRegime("zb-v's closed form holds for n <= P or n >= 2P - 1")
     return (6 * n + S - 1) * t_f
 
 
@@ -866,21 +904,21 @@ register_schedule(
     "looped-bfs",
     looped_bfs,
     closed_form=looped_bfs_time,
-    closed_form_note="proven for n·min(t_F, t_B) >= P(max(t_F, t_B) + c)",
-    law="v*n + S - 1",
+    closed_form_note="proven for n <= P and for n·min(t_F, t_B) >= P(max(t_F, t_B) + c)",
+    law="n + v*S - 1 (n <= S)",
 )
 register_schedule(
     "zb-h1",
     zb_h1,
     closed_form=zb_h1_time,
-    closed_form_note="empirical (random configurations): c = 0, n >= P, t_W <= min(t_F, t_I)",
+    closed_form_note="empirical (random configurations): c = 0, t_W <= min(t_F, t_I)",
     law="n + S - 1",
 )
 register_schedule(
     "zb-v",
     zb_v,
     closed_form=zb_v_time,
-    closed_form_note="empirical: c = 0, n >= 2P - 1, t_F = t_I = t_W",
+    closed_form_note="empirical: c = 0, n <= P or n >= 2P - 1, t_F = t_I = t_W",
 )
 
 
