@@ -199,6 +199,18 @@ def test_lower_rows_hold_on_nesterov_chain(lower_clean, tmp_path):
     assert any("regime: nesterov-chain" in n for n in res.notes)
 
 
+def test_lower_figure_names_a_method_that_never_reached_eps():
+    def row(method, depth, time):
+        return dict(executor="simulated", method=method, x=40.0, depth=depth, time=time,
+                    lb_form=10.0)  # fmt: skip
+
+    nan = math.nan
+    rows = [row("gd", 2, 30.0), row("gd", 4, 50.0), row("agd", 2, nan), row("agd", 4, nan)]
+    labels = {label: ys for label, _, ys, _ in lower._series(rows)}
+    assert set(labels) == {"agd, x = 40: eps not reached", "gd, x = 40"}
+    assert labels["gd, x = 40"] == [3.0, 5.0]
+
+
 def test_lower_bound_fails_for_a_timing_that_charges_the_depth_once(lower_clean, tmp_path):
     recs = _charge_depth_once(load_records(lower_clean))
     rows = _rows(lower.study(recs, tmp_path))

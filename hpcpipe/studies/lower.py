@@ -137,14 +137,24 @@ def _upper_row(rows, method, claim, bound, recs) -> Verdict | None:
     )
 
 
-def _figure(rows, res: StudyResult, outdir: Path) -> None:
+def _series(rows) -> list[tuple[str, list, list, str]]:
+    """One (label, depths, time / LB_form, "-") per (method, x) of the simulated runs; a
+    method that reached ε at no depth (AGD within its plan at large x) is named so in
+    its label, since it has no point to draw."""
     sims = [w for w in rows if w["executor"] == "simulated"]
     series = []
     for m, x in sorted({(w["method"], w["x"]) for w in sims}):
         g = sorted((w for w in sims if (w["method"], w["x"]) == (m, x)), key=lambda w: w["depth"])
-        series.append(
-            (f"{m}, x = {x:g}", [w["depth"] for w in g], [w["time"] / w["lb_form"] for w in g], "-")
-        )
+        ratios = [w["time"] / w["lb_form"] for w in g]
+        label = f"{m}, x = {x:g}"
+        if not any(math.isfinite(q) for q in ratios):
+            label += ": eps not reached"
+        series.append((label, [w["depth"] for w in g], ratios, "-"))
+    return series
+
+
+def _figure(rows, res: StudyResult, outdir: Path) -> None:
+    series = _series(rows)
     fig = depth_ratio_figure(
         series,
         "LB_form = (tF+tB)(x^2/72 + x depth/3)",
