@@ -161,3 +161,21 @@ def test_a_wrong_interleaved_closed_form_fails_its_consistency_row(tmp_path, mon
         study_mod.iteration_time.cache_clear()
     (row,) = [v for v in res.verdicts if "interleaved-1f1b: pipeline time" in v.claim]
     assert row.ok is False and row.kind == "consistency"
+
+
+def test_a_wrong_zb_h1_closed_form_for_few_items_fails_its_consistency_row(tmp_path, monkeypatch):
+    entry = schedules.entry("zb-h1")
+
+    def n_ge_p_form_everywhere(S, n, tf, tb, c=0.0, **_):  # the n >= P form used for n < P
+        ti = tw = tb / 2
+        return n * (tf + ti + tw) + (S - 1) * (tf + ti - tw)
+
+    wrong = schedules.ScheduleEntry(entry.build, n_ge_p_form_everywhere)
+    monkeypatch.setitem(schedules.SCHEDULES._entries, "zb-h1", wrong)
+    study_mod.iteration_time.cache_clear()
+    try:
+        res = _study(tmp_path)
+    finally:
+        study_mod.iteration_time.cache_clear()
+    (row,) = [v for v in res.verdicts if "zb-h1: pipeline time" in v.claim]
+    assert row.ok is False and row.kind == "consistency"
